@@ -1,0 +1,52 @@
+"""apsi_memory: decide where data lives — RAM while it fits, the SSD when it does not, the GPU with the most free
+memory when there is one — from the memory this process really has (its cgroup, not the host), and react when
+memory gets tight.
+
+    import apsi_memory as memory
+    print(memory.status())
+
+Layout: ``decide`` and ``units`` are pure rules (no I/O); ``adapters`` read kernel files under an injectable
+root; ``api`` joins the two into ``status``/``limits``/``pressure``/``budget``; the other modules build on it.
+Every public name is re-exported here explicitly.
+"""
+
+from __future__ import annotations
+
+from .decide import Level, Place
+from .errors import (
+    ApsiMemoryError,
+    BatchTooSmallError,
+    BlockError,
+    ChunkError,
+    CorruptFileError,
+    DiskFullError,
+    PoolError,
+    SizeError,
+    TamperWarning,
+)
+from .units import parse_size
+
+# -- foundation: status, limits, pressure, budget (api.py) --
+
+# -- arrays, pool, on_pressure, relieve (arrays.py, pool.py, watch.py) --
+
+# -- chunks and map (outofcore.py) --
+
+# -- store and cached (store.py, cached.py) --
+
+# -- devices and fit_batch (devices.py, batch.py) --
+
+__all__ = [
+    "ApsiMemoryError",
+    "BatchTooSmallError",
+    "BlockError",
+    "ChunkError",
+    "CorruptFileError",
+    "DiskFullError",
+    "Level",
+    "Place",
+    "PoolError",
+    "SizeError",
+    "TamperWarning",
+    "parse_size",
+]

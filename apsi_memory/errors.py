@@ -1,0 +1,49 @@
+"""The one small exception tree.
+
+Every error the library raises on purpose derives from ``ApsiMemoryError`` and also from the builtin a caller
+would already catch for that kind of problem (``ValueError`` for bad input, ``OSError`` for the disk,
+``MemoryError`` for running out), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class ApsiMemoryError(Exception):
+    """Base of every error raised by apsi_memory."""
+
+
+class SizeError(ApsiMemoryError, ValueError):
+    """A size string or number that cannot be read as bytes."""
+
+
+class CorruptFileError(ApsiMemoryError, ValueError):
+    """A kernel or cache file whose content is not in the expected format; names the file."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class DiskFullError(ApsiMemoryError, OSError):
+    """Not enough space on the SSD for a spill file or a store entry; names the folder and what is free."""
+
+
+class PoolError(ApsiMemoryError, ValueError):
+    """A buffer given back twice, or one the pool never handed out."""
+
+
+class ChunkError(ApsiMemoryError, ValueError):
+    """A source that cannot be split into row blocks, or a block result that disagrees with the first."""
+
+
+class BlockError(ApsiMemoryError, RuntimeError):
+    """The function given to ``map`` failed on a block; names the row range and chains the original error."""
+
+
+class BatchTooSmallError(ApsiMemoryError, MemoryError):
+    """``fit_batch`` ran out of memory even at ``min_batch``; chains the last out-of-memory error."""
+
+
+class TamperWarning(UserWarning):
+    """A store file whose signature did not match was removed unread."""

@@ -1,0 +1,95 @@
+"""How components (pools, stores) hear about pressure: one small registry.
+
+A component implements ``on_level(level)`` (called when the level changes: shrink at ``high``, empty at
+``critical``, grow back at ``ok``) and ``relieve()`` (give cached RAM back now). It registers once; the registry
+holds it weakly, so registering never keeps a pool or store alive.
+
+The level itself is re-measured lazily, at most twice a second, on allocation paths (``current_level()``), and by
+the ``on_pressure`` watcher thread; both feed ``notify`` here, which calls each component only on a change.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+from typing import Callable, Protocol
+
+from .decide import Level
+
+
+class Component(Protocol):
+    def on_level(self, level: Level) -> None: ...
+
+    def relieve(self) -> None: ...
+
+
+_components: "weakref.WeakSet[Component]" = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def register(component: Component) -> None:
+    with _lock:
+        _components.add(component)
+
+
+def unregister(component: Component) -> None:
+    with _lock:
+        _components.discard(component)
+
+
+def components() -> list[Component]:
+    with _lock:
+        return list(_components)
+
+
+def notify(level: Level) -> None:
+    """Tell every component the new level; at ``critical`` also collect garbage (the SPEC's last resort)."""
+    for component in components():
+        component.on_level(level)
+    if level >= Level.CRITICAL:
+        gc.collect()
+
+
+def relieve_components() -> None:
+    for component in components():
+        component.relieve()
+
+
+RECHECK_SECONDS = 0.5  # "at most twice a second"
+
+
+class LevelTracker:
+    """The last measured level, re-measured at most every ``RECHECK_SECONDS`` of the injected clock.
+
+    ``measure(previous)`` returns the level for a fresh reading (the previous level is passed in for the table's
+    hysteresis). A change is announced through ``notify``.
+    """
+
+    def __init__(self, measure: Callable[[Level], Level], clock: Callable[[], float] = time.monotonic) -> None:
+        self.measure = measure
+        self.clock = clock
+        self.level = Level.OK
+        self.measured_at: float | None = None
+        self.measurements = 0
+        self._lock = threading.Lock()
+
+    def current(self) -> Level:
+        now = self.clock()
+        with self._lock:
+            fresh = self.measured_at is not None and now - self.measured_at < RECHECK_SECONDS
+            if fresh:
+                return self.level
+            self.measured_at = now
+            previous = self.level
+        return self.update(self.measure(previous), previous)
+
+    def update(self, level: Level, previous: Level | None = None) -> Level:
+        with self._lock:
+            previous = self.level if previous is None else previous
+            self.level = level
+            self.measurements += 1
+        if level != previous:
+            notify(level)
+        return level

@@ -1,0 +1,72 @@
+"""Sizes: parsing what users type and printing what they read. Pure: no I/O.
+
+Text uses binary units, as the SPEC's report line does (6.4e9 bytes prints as ``5.960 GB``): "GB" is 2**30
+bytes and "MB" 2**20. Sizes a user passes in GB (``budget(16)``, ``APSI_RAM_BUDGET=12GB``) mean the same unit,
+so a number read back from ``budget()`` can be passed to it again unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import SizeError
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+
+# "GB" and "GiB" are the same unit on purpose: see the module docstring.
+_UNITS = {
+    "": GiB,  # a bare number is GB, as in budget(16)
+    "b": 1,
+    "k": KiB, "kb": KiB, "kib": KiB,
+    "m": MiB, "mb": MiB, "mib": MiB,
+    "g": GiB, "gb": GiB, "gib": GiB,
+    "t": TiB, "tb": TiB, "tib": TiB,
+}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str | float | int) -> int:
+    """Bytes from ``"12GB"``, ``"512 MB"``, ``"1.5GiB"``, ``"0.5"`` (GB) or a number of GB.
+
+    Raises ``SizeError`` naming the input for anything else (negative, NaN, unknown unit, empty).
+    """
+    if isinstance(text, bool):
+        raise SizeError(f"size {text!r} is a bool, not a size")
+    if isinstance(text, (int, float)):
+        return _checked(float(text), GiB, repr(text))
+    if not isinstance(text, str):
+        raise SizeError(f"size must be a string or a number of GB, not {type(text).__name__}")
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise SizeError(f"cannot read {text!r} as a size; write e.g. '12GB', '512 MB', '1.5GiB' or '0.5' (GB)")
+    number, unit = match.groups()
+    factor = _UNITS.get(unit.lower())
+    if factor is None:
+        raise SizeError(f"unknown unit {unit!r} in size {text!r}; use B, KB, MB, GB or TB (binary)")
+    return _checked(float(number), factor, repr(text))
+
+
+def _checked(value: float, factor: int, shown: str) -> int:
+    if not math.isfinite(value) or value < 0:
+        raise SizeError(f"size {shown} must be a finite number of at least 0")
+    size = value * factor
+    if size >= 2**63:
+        raise SizeError(f"size {shown} is larger than any machine's memory")
+    return int(size)
+
+
+def gb(n_bytes: float) -> float:
+    return n_bytes / GiB
+
+
+def fmt_gb(n_bytes: float, digits: int = 1) -> str:
+    """``5.8 GB`` (binary GB)."""
+    return f"{n_bytes / GiB:.{digits}f} GB"
+
+
+def fmt_mb(n_bytes: float, digits: int = 1) -> str:
+    return f"{n_bytes / MiB:.{digits}f} MB"

@@ -1,0 +1,101 @@
+"""Real cgroup v1 memory groups for the real-system tests: make a child of our own group, run a command in it,
+and always remove it again. Skips (with the reason) where that is impossible: not root, no v1 memory controller,
+or a read-only cgroup filesystem."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import pytest
+
+V1_MEMORY_MOUNT = "/sys/fs/cgroup/memory"
+
+
+def own_v1_memory_group() -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if "memory" in controllers.split(","):
+                    return os.path.join(V1_MEMORY_MOUNT, path.lstrip("/"))
+    except OSError:
+        return None
+    return None
+
+
+def skip_reason() -> str | None:
+    if sys.platform != "linux":
+        return "real cgroup tests need Linux"
+    if os.geteuid() != 0:
+        return "real cgroup tests need root to create a memory cgroup"
+    parent = own_v1_memory_group()
+    if parent is None or not os.path.exists(os.path.join(parent, "memory.limit_in_bytes")):
+        return "no cgroup v1 memory controller at /sys/fs/cgroup/memory for this process"
+    if not os.access(parent, os.W_OK):
+        return f"{parent} is not writable"
+    return None
+
+
+@dataclass
+class ChildGroup:
+    path: str
+    limit_bytes: int
+
+    def run(self, argv: Sequence[str], timeout: float = 300, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside the group (the shell joins it, then execs the command)."""
+        wrapper = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.path, *argv]
+        return subprocess.run(wrapper, capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    def oom_kills(self) -> int:
+        with open(os.path.join(self.path, "memory.oom_control")) as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        return 0
+
+
+@contextlib.contextmanager
+def child_group(limit_bytes: int) -> Iterator[ChildGroup]:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    parent = own_v1_memory_group()
+    assert parent is not None
+    path = os.path.join(parent, f"apsi-test-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(path)
+    except OSError as exc:
+        pytest.skip(f"cannot create a child memory cgroup under {parent}: {exc}")
+    try:
+        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(limit_bytes))
+        yield ChildGroup(path, limit_bytes)
+    finally:
+        _remove(path)
+
+
+def _remove(path: str) -> None:
+    for _ in range(50):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(p) for p in f.read().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    os.rmdir(path)  # one last try; raising here makes the leak visible
