@@ -27,6 +27,7 @@ from .errors import (
 from .units import parse_size
 
 # -- foundation: status, limits, pressure, budget (api.py) --
+from .api import Budget, Limits, Pressure, Status, budget, cores, current_level, limits, pressure, status
 
 # -- arrays, pool, on_pressure, relieve (arrays.py, pool.py, watch.py) --
 
@@ -37,6 +38,16 @@ from .units import parse_size
 # -- devices and fit_batch (devices.py, batch.py) --
 
 __all__ = [
+    "Budget",
+    "Limits",
+    "Pressure",
+    "Status",
+    "budget",
+    "cores",
+    "current_level",
+    "limits",
+    "pressure",
+    "status",
     "ApsiMemoryError",
     "BatchTooSmallError",
     "BlockError",

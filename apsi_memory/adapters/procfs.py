@@ -1,0 +1,167 @@
+"""``/proc``: meminfo, the process's cgroups and mounts, load, and this process's RSS and CPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CorruptFileError
+from .root import read_text, resolve
+
+
+@dataclass(frozen=True)
+class MemInfo:
+    total: int
+    available: int
+    swap_total: int
+    swap_free: int
+
+
+def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        name, sep, rest = line.partition(":")
+        words = rest.split()
+        if not sep or not words:
+            continue
+        try:
+            value = int(words[0])
+        except ValueError:
+            raise CorruptFileError(path, f"field {name.strip()!r} has a non-numeric value {words[0]!r}") from None
+        unit = words[1] if len(words) > 1 else ""
+        fields[name.strip()] = value * 1024 if unit == "kB" else value
+    if "MemTotal" not in fields:
+        raise CorruptFileError(path, "no MemTotal line")
+    total = fields["MemTotal"]
+    # MemAvailable arrived in Linux 3.14; before it, free + reclaimable page cache is the usual estimate.
+    estimate = fields.get("MemFree", 0) + fields.get("Buffers", 0) + fields.get("Cached", 0)
+    available = min(total, fields.get("MemAvailable", estimate))
+    return MemInfo(total, available, fields.get("SwapTotal", 0), fields.get("SwapFree", 0))
+
+
+def read_meminfo(root: str | None = None) -> MemInfo | None:
+    text = read_text(resolve(root), "/proc/meminfo")
+    return None if text is None else parse_meminfo(text)
+
+
+@dataclass(frozen=True)
+class CgroupEntry:
+    """A line of ``/proc/self/cgroup``: ``4:memory:/docker/abc`` (v1) or ``0::/kubepods/pod1`` (v2)."""
+
+    hierarchy: int
+    controllers: tuple[str, ...]
+    path: str
+
+
+def parse_self_cgroup(text: str, path: str = "/proc/self/cgroup") -> list[CgroupEntry]:
+    entries = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].startswith("/"):
+            raise CorruptFileError(path, f"line {line!r} is not 'id:controllers:/path'")
+        controllers = tuple(c for c in parts[1].split(",") if c)
+        entries.append(CgroupEntry(int(parts[0]), controllers, parts[2]))
+    return entries
+
+
+def read_self_cgroup(root: str | None = None) -> list[CgroupEntry]:
+    text = read_text(resolve(root), "/proc/self/cgroup")
+    return [] if text is None else parse_self_cgroup(text)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """The fields of a ``/proc/self/mountinfo`` line this library needs."""
+
+    root: str  # the path inside the filesystem that is mounted (a cgroup path for cgroup mounts)
+    mount_point: str
+    fstype: str
+    super_options: tuple[str, ...]
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as \040, \011, \012, \134
+    out, i = [], 0
+    while i < len(field):
+        code = field[i + 1:i + 4]
+        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str, path: str = "/proc/self/mountinfo") -> list[Mount]:
+    mounts = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        before, sep, after = line.partition(" - ")
+        head, tail = before.split(), after.split()
+        if not sep or len(head) < 6 or len(tail) < 2:
+            raise CorruptFileError(path, f"line {line!r} is not a mountinfo line")
+        options = tuple(tail[2].split(",")) if len(tail) > 2 else ()
+        mounts.append(Mount(_unescape(head[3]), _unescape(head[4]), tail[0], options))
+    return mounts
+
+
+def read_mountinfo(root: str | None = None) -> list[Mount]:
+    text = read_text(resolve(root), "/proc/self/mountinfo")
+    return [] if text is None else parse_mountinfo(text)
+
+
+def parse_loadavg(text: str, path: str = "/proc/loadavg") -> float:
+    """The 1-minute load average."""
+    words = text.split()
+    try:
+        return float(words[0])
+    except (IndexError, ValueError):
+        raise CorruptFileError(path, f"expected a load average first, got {text[:40]!r}") from None
+
+
+def read_loadavg(root: str | None = None) -> float | None:
+    text = read_text(resolve(root), "/proc/loadavg")
+    return None if text is None else parse_loadavg(text)
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    rss: int | None
+    cpus: int | None  # CPUs this process may run on: what ``nproc`` prints
+
+
+def parse_cpu_list(text: str, path: str = "/proc/self/status") -> int:
+    """Count the CPUs of a list such as ``0-3,8,10-11``."""
+    count = 0
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise CorruptFileError(path, f"CPU list {text.strip()!r} is not like '0-3,8'") from None
+        if high < low:
+            raise CorruptFileError(path, f"CPU range {part!r} runs backwards")
+        count += high - low + 1
+    return count
+
+
+def parse_proc_status(text: str, path: str = "/proc/self/status") -> ProcStatus:
+    rss = cpus = None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == "VmRSS":
+            words = value.split()
+            if not words or not words[0].isdigit():
+                raise CorruptFileError(path, f"VmRSS value {value.strip()!r} is not 'N kB'")
+            rss = int(words[0]) * 1024
+        elif name == "Cpus_allowed_list":
+            cpus = parse_cpu_list(value, path)
+    return ProcStatus(rss, cpus)
+
+
+def read_proc_status(root: str | None = None) -> ProcStatus | None:
+    text = read_text(resolve(root), "/proc/self/status")
+    return None if text is None else parse_proc_status(text)

@@ -1,0 +1,51 @@
+"""Pressure stall information: the share of recent time tasks waited for memory.
+
+The container's own ``memory.pressure`` (cgroup v2, also on hybrid hosts) is preferred to the machine-wide
+``/proc/pressure/memory``: a pod can thrash while the host is calm. Absent (kernel before 4.20, v1-only) or
+disabled (``psi=0``: the file exists, reads fail with EOPNOTSUPP) is "not available" — never 0 %.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import CorruptFileError
+from .cgroup import v2_group_directory
+from .root import read_text, resolve
+
+SYSTEM_PSI = "/proc/pressure/memory"
+
+
+@dataclass(frozen=True)
+class Psi:
+    some: float  # avg10, percent
+    full: float | None  # avg10, percent; None where the kernel has no "full" line
+    source: str
+
+
+def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
+    """``some avg10=0.12 avg60=... total=...`` and ``full ...`` lines."""
+    shares: dict[str, float] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        fields = dict(word.partition("=")[::2] for word in words[1:])
+        try:
+            shares[words[0]] = float(fields["avg10"])
+        except (KeyError, ValueError):
+            raise CorruptFileError(path, f"line {line!r} has no numeric avg10") from None
+    if "some" not in shares:
+        raise CorruptFileError(path, "no 'some' line")
+    return Psi(shares["some"], shares.get("full"), path)
+
+
+def read_psi(root: str | None = None) -> Psi | None:
+    root = resolve(root)
+    group = v2_group_directory(root)
+    for path in ([os.path.join(group, "memory.pressure")] if group else []) + [SYSTEM_PSI]:
+        text = read_text(root, path)
+        if text is not None:
+            return parse_psi(text, path)
+    return None

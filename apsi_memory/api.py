@@ -1,0 +1,235 @@
+"""The public readings: ``status()``, ``limits()``, ``pressure()``, ``budget()``.
+
+Each returns a frozen dataclass of plain numbers (bytes, fractions, percent) whose ``str()`` is the SPEC's one-line
+text and whose ``to_dict()`` is the JSON form the command line prints. Every call reads the kernel afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from . import ledger, paths
+from .adapters.disk import disk_free
+from .adapters.procfs import read_loadavg, read_proc_status
+from .adapters.root import resolve
+from .decide import Level, default_budget, pressure_level
+from .errors import SizeError
+from .measure import MemoryReading, read_memory
+from .reactions import LevelTracker
+from .units import GiB, fmt_gb, parse_size
+
+BUDGET_ENV = "APSI_RAM_BUDGET"
+
+
+class _Reading:
+    def to_dict(self) -> dict[str, Any]:
+        return {key: _plain(value) for key, value in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Level):
+        return value.value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# -- budget --------------------------------------------------------------------------------------------------------
+
+_budget_set: int | None = None
+
+
+@dataclass(frozen=True)
+class Budget(_Reading):
+    bytes: int
+    source: str  # "70 % of free", "set by budget()", or "APSI_RAM_BUDGET"
+
+    @property
+    def gb(self) -> float:
+        return self.bytes / GiB
+
+    def __float__(self) -> float:
+        return self.gb
+
+    def __str__(self) -> str:
+        return f"{fmt_gb(self.bytes)} ({self.source})"
+
+
+def budget(gb: float | str | None = None) -> Budget:
+    """Read the RAM budget for big arrays, or set it: ``budget(16)`` (GB), ``budget("512MB")``; ``budget("auto")``
+    goes back to the default (``APSI_RAM_BUDGET``, else 70 % of what is free)."""
+    global _budget_set
+    if isinstance(gb, str) and gb.strip().lower() == "auto":
+        _budget_set = None
+    elif gb is not None:
+        _budget_set = parse_size(gb)
+    return _budget_from(read_memory())
+
+
+def _budget_from(reading: MemoryReading) -> Budget:
+    if _budget_set is not None:
+        return Budget(_budget_set, "set by budget()")
+    from_env = os.environ.get(BUDGET_ENV)
+    if from_env:
+        try:
+            return Budget(parse_size(from_env), BUDGET_ENV)
+        except SizeError as exc:
+            raise SizeError(f"{BUDGET_ENV}: {exc}") from None
+    return Budget(default_budget(reading.free, ledger.held()), "70 % of free")
+
+
+# -- limits --------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Limits(_Reading):
+    usable_bytes: int
+    free_bytes: int
+    budget_bytes: int
+    source: str  # "host", "container (cgroup v1)", "container (cgroup v2)"
+    cgroup: str | None  # the group as /proc/self/cgroup names it
+    cgroup_version: int | None
+    limit_bytes: int | None  # the smallest cgroup limit up the hierarchy, None when unlimited
+    limit_file: str | None  # the file that set it
+    working_set_bytes: int | None
+    host_total_bytes: int
+    host_available_bytes: int
+
+    def __str__(self) -> str:
+        return (f"{fmt_gb(self.usable_bytes)} usable ({self.source}), {fmt_gb(self.free_bytes)} free, "
+                f"budget {fmt_gb(self.budget_bytes)}")
+
+
+def limits() -> Limits:
+    reading = read_memory()
+    cg = reading.cgroup
+    return Limits(
+        usable_bytes=reading.usable, free_bytes=reading.free, budget_bytes=_budget_from(reading).bytes,
+        source=reading.source, cgroup=cg and cg.path, cgroup_version=cg and cg.version,
+        limit_bytes=cg and cg.limit, limit_file=cg and cg.limit_file, working_set_bytes=cg and cg.working_set,
+        host_total_bytes=reading.host.total, host_available_bytes=reading.host.available,
+    )
+
+
+# -- pressure ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pressure(_Reading):
+    level: Level
+    free_bytes: int
+    usable_bytes: int
+    free_fraction: float
+    some: float | None  # PSI avg10 percent; None = not available (never reported as 0)
+    full: float | None
+    psi_source: str | None
+
+    def __str__(self) -> str:
+        if self.some is None:
+            stalls = "stalls not available"
+        else:
+            full = "n/a" if self.full is None else f"{self.full:.1f} %"
+            stalls = f"stalls {self.some:.1f} % (some) / {full} (full)"
+        return f"{self.level}: {fmt_gb(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}"
+
+
+def _pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
+    fraction = reading.free / reading.usable if reading.usable else 0.0
+    psi = reading.psi
+    some, full = (None, None) if psi is None else (psi.some, psi.full)
+    return Pressure(pressure_level(fraction, some, full, previous), reading.free, reading.usable, fraction,
+                    some, full, psi and psi.source)
+
+
+def _measure_level(previous: Level) -> Level:
+    return _pressure_from(read_memory(), previous).level
+
+
+# The allocation paths' view of the level: re-measured at most twice a second (reactions.RECHECK_SECONDS).
+TRACKER = LevelTracker(_measure_level)
+
+
+def pressure() -> Pressure:
+    """Measure now; the level uses the last one for hysteresis and registered components hear of a change."""
+    reading = _pressure_from(read_memory(), TRACKER.level)
+    TRACKER.update(reading.level)
+    return reading
+
+
+def current_level() -> Level:
+    """The level for an allocation path: cheap, re-measured at most twice a second."""
+    return TRACKER.current()
+
+
+# -- status --------------------------------------------------------------------------------------------------------
+
+def cores(root: str | None = None) -> int:
+    """CPUs this process may run on, as ``nproc`` counts them (its affinity mask)."""
+    status = read_proc_status(root)
+    if status is not None and status.cpus:
+        return status.cpus
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _process_rss(root: str | None) -> int:
+    status = read_proc_status(root)
+    if status is not None and status.rss is not None:
+        return status.rss
+    return int(psutil.Process().memory_info().rss)
+
+
+def _load(root: str | None) -> float:
+    load = read_loadavg(root)
+    return load if load is not None else psutil.getloadavg()[0]
+
+
+@dataclass(frozen=True)
+class GpuLine:
+    device: str
+    name: str
+    free_bytes: int
+    total_bytes: int
+
+    def __str__(self) -> str:
+        return f"{self.device} {self.name} {self.free_bytes / GiB:.1f}/{self.total_bytes / GiB:.1f} GB free"
+
+
+@dataclass(frozen=True)
+class Status(_Reading):
+    ram_free_bytes: int
+    ram_usable_bytes: int
+    source: str
+    process_rss_bytes: int
+    budget_bytes: int
+    swap_free_bytes: int
+    spill_dir: str
+    spill_free_bytes: int
+    cores: int
+    load: float
+    gpus: list[GpuLine]
+
+    def __str__(self) -> str:
+        gpus = ", ".join(str(gpu) for gpu in self.gpus) or "no GPU"
+        return (f"RAM {self.ram_free_bytes / GiB:.1f}/{fmt_gb(self.ram_usable_bytes)} free "
+                f"(this program {self.process_rss_bytes / GiB:.2f} GB, budget {fmt_gb(self.budget_bytes)}) | "
+                f"swap {fmt_gb(self.swap_free_bytes)} | "
+                f"SSD {self.spill_free_bytes / GiB:.0f} GB free at {paths.display(self.spill_dir)} | "
+                f"{self.cores} cores, load {self.load:.2f} | {gpus}")
+
+
+def status() -> Status:
+    from .devices import gpus  # GPU libraries are optional and slow to import: only when status is asked for
+
+    root = resolve(None)
+    reading = read_memory(root)
+    spill = paths.spill_dir()
+    return Status(
+        ram_free_bytes=reading.free, ram_usable_bytes=reading.usable, source=reading.source,
+        process_rss_bytes=_process_rss(root), budget_bytes=_budget_from(reading).bytes,
+        swap_free_bytes=reading.host.swap_free, spill_dir=spill, spill_free_bytes=disk_free(spill),
+        cores=cores(root), load=_load(root),
+        gpus=[GpuLine(g.device, g.name, g.free_bytes, g.total_bytes) for g in gpus()],
+    )

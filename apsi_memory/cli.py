@@ -1,0 +1,58 @@
+"""``apsi-memory status | limits | pressure [--watch SECONDS]``, each with ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Callable, Sequence
+
+from .api import limits, pressure, status
+from .errors import ApsiMemoryError
+
+COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="apsi-memory", description="The memory this program really has.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("status", "RAM, swap, SSD, cores and GPUs in one line"),
+                            ("limits", "usable memory: the smaller of the host and the cgroup limit"),
+                            ("pressure", "the pressure level, free memory and PSI stalls")):
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("--json", action="store_true", help="print one JSON object per reading")
+    watch = sub.choices["pressure"]
+    watch.add_argument("--watch", type=float, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
+    watch.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N readings")
+    return parser
+
+
+def _show(reading: object, as_json: bool) -> None:
+    print(json.dumps(reading.to_dict()) if as_json else reading, flush=True)  # type: ignore[attr-defined]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    read = COMMANDS[args.command]
+    watch = getattr(args, "watch", None)
+    if watch is not None and watch <= 0:
+        print("apsi-memory: --watch needs a number of seconds above 0", file=sys.stderr)
+        return 2
+    try:
+        _show(read(), args.json)
+        shown = 1
+        while watch and (args.count is None or shown < args.count):
+            time.sleep(watch)
+            _show(read(), args.json)
+            shown += 1
+    except ApsiMemoryError as exc:
+        print(f"apsi-memory: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
