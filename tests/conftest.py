@@ -1,10 +1,38 @@
 from __future__ import annotations
 
-from typing import Callable, ContextManager
+from pathlib import Path
+from typing import Callable, ContextManager, Iterator
 
 import pytest
 
+import apsi_memory.adapters.root as fs_root
+from apsi_memory import api
+from sim.tree import SimTree
 from tests.realcg import ChildGroup, child_group
+
+
+@pytest.fixture(autouse=True)
+def private_apsi_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test gets its own ~/.apsi and the default budget, so no test reads or writes the user's."""
+    home = tmp_path_factory.mktemp("apsi-home")
+    monkeypatch.setenv("APSI_HOME", str(home))
+    for name in ("APSI_SPILL_DIR", "APSI_STORE_DIR", "APSI_RAM_BUDGET", "APSI_ALLOW_WRITE", "APSI_FS_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    yield home
+    api.budget("auto")
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SimTree]:
+    """``machine(sim.tree.docker_v1, limit=...)`` builds a fake machine and points the real adapters at it."""
+
+    def build(scenario: Callable[..., SimTree], **kwargs: object) -> SimTree:
+        tree = scenario(tmp_path / "root", **kwargs)
+        monkeypatch.setattr(fs_root, "ROOT", str(tree.root))
+        monkeypatch.setenv("APSI_FS_ROOT", str(tree.root))  # for subprocesses
+        return tree
+
+    return build
 
 
 @pytest.fixture
