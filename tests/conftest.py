@@ -19,6 +19,7 @@ def private_apsi_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     for name in ("APSI_SPILL_DIR", "APSI_STORE_DIR", "APSI_RAM_BUDGET", "APSI_ALLOW_WRITE", "APSI_FS_ROOT"):
         monkeypatch.delenv(name, raising=False)
     yield home
+    monkeypatch.undo()  # back on the real machine first: budget() measures
     api.budget("auto")
 
 
