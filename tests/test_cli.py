@@ -1,0 +1,51 @@
+"""``apsi-memory`` and ``python -m apsi_memory`` as a user runs them, on a sim machine (APSI_FS_ROOT)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Callable
+
+from sim import tree as machines
+from sim.tree import GiB, SimTree
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "apsi_memory", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_limits_text_and_json(machine: Callable[..., SimTree]) -> None:
+    machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
+    assert run("limits").stdout == "4.0 GB usable (container (cgroup v1)), 3.0 GB free, budget 2.1 GB\n"
+    data = json.loads(run("limits", "--json").stdout)
+    assert data["usable_bytes"] == 4 * GiB and data["cgroup"] == "/docker/3f2a9c0e7b1d"
+
+
+def test_pressure_watch_prints_one_reading_per_interval(machine: Callable[..., SimTree]) -> None:
+    machine(machines.kubernetes_v2, pod_psi=(45.0, 0.0))
+    result = run("pressure", "--watch", "0.05", "--count", "3", "--json")
+    readings = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["level"] for r in readings] == ["critical"] * 3 and readings[0]["some"] == 45.0
+
+
+def test_status_line_on_a_sim_machine(machine: Callable[..., SimTree]) -> None:
+    machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
+    line = run("status").stdout
+    assert line.startswith("RAM 3.0/4.0 GB free (this program 0.04 GB, budget 2.1 GB) | swap 0.0 GB | SSD ")
+    assert line.rstrip().endswith("| 2 cores, load 0.34 | no GPU")
+    assert json.loads(run("status", "--json").stdout)["cores"] == 2
+
+
+def test_a_corrupt_file_is_one_clear_line_and_exit_1(machine: Callable[..., SimTree]) -> None:
+    tree = machine(machines.docker_v1)
+    tree.write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "garbage\n")
+    result = run("limits")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr == ("apsi-memory: /sys/fs/cgroup/memory/memory.limit_in_bytes: "
+                             "expected a byte count, got 'garbage'\n")
+
+
+def test_bad_arguments_are_rejected() -> None:
+    assert run("pressure", "--watch", "0").returncode == 2
+    assert run("nonsense").returncode == 2
