@@ -221,7 +221,7 @@ class Status(_Reading):
 
 
 def status() -> Status:
-    from .devices import gpus  # GPU libraries are optional and slow to import: only when status is asked for
+    from .devices import gpus  # devices builds on this module (cores, limits): keep the import graph one-way
 
     root = resolve(None)
     reading = read_memory(root)
