@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from . import ledger, paths
+from .adapters.cgroup import CgroupMemory
 from .adapters.disk import disk_free
 from .adapters.procfs import read_loadavg, read_proc_status
 from .adapters.root import resolve
@@ -104,14 +105,19 @@ class Limits(_Reading):
                 f"budget {fmt_gb(self.budget_bytes)}")
 
 
+def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
+    if cg is None:
+        return dict.fromkeys(("cgroup", "cgroup_version", "limit_bytes", "limit_file", "working_set_bytes"))
+    return {"cgroup": cg.path, "cgroup_version": cg.version, "limit_bytes": cg.limit, "limit_file": cg.limit_file,
+            "working_set_bytes": cg.working_set}
+
+
 def limits() -> Limits:
     reading = read_memory()
-    cg = reading.cgroup
     return Limits(
         usable_bytes=reading.usable, free_bytes=reading.free, budget_bytes=_budget_from(reading).bytes,
-        source=reading.source, cgroup=cg and cg.path, cgroup_version=cg and cg.version,
-        limit_bytes=cg and cg.limit, limit_file=cg and cg.limit_file, working_set_bytes=cg and cg.working_set,
-        host_total_bytes=reading.host.total, host_available_bytes=reading.host.available,
+        source=reading.source, host_total_bytes=reading.host.total, host_available_bytes=reading.host.available,
+        **_cgroup_fields(reading.cgroup),
     )
 
 
@@ -139,9 +145,9 @@ class Pressure(_Reading):
 def _pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
     fraction = reading.free / reading.usable if reading.usable else 0.0
     psi = reading.psi
-    some, full = (None, None) if psi is None else (psi.some, psi.full)
+    some, full, source = (None, None, None) if psi is None else (psi.some, psi.full, psi.source)
     return Pressure(pressure_level(fraction, some, full, previous), reading.free, reading.usable, fraction,
-                    some, full, psi and psi.source)
+                    some, full, source)
 
 
 def _measure_level(previous: Level) -> Level:
