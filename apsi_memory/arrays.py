@@ -1,0 +1,251 @@
+"""``memory.array``: a NumPy array in RAM while it fits the budget, memory-mapped from a spill file when it does not.
+
+What a user gets
+----------------
+* Always a real ``numpy.ndarray``, zero-filled like ``numpy.zeros``: a plain ``ndarray`` in RAM, a
+  ``numpy.memmap`` (a subclass) on the SSD. NumPy code cannot tell them apart; ``on_disk(x)`` can.
+* Where it goes is ``decide.place(nbytes, budget_left, level)``, with ``budget_left = budget() - RAM our arrays
+  already hold`` and the level from ``current_level()`` (re-measured at most twice a second). Arrays under
+  ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a small ``memory.array`` costs a
+  ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
+* Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
+  still point at them (see below).
+
+After ``free(x)``
+-----------------
+The RAM or the file's blocks are given back at once, even while views exist: the pages are replaced in place by
+fresh anonymous zero pages (``spill.detach``), never unmapped, so nothing that still points at them can crash the
+interpreter. ``x`` (and the array ``memory.array`` returned) become read-only: writing raises NumPy's
+``ValueError: assignment destination is read-only``; reading gives zeros. Views made before ``free`` read zeros
+and can still be written (that RAM is then the view's, and goes when the view goes). Arrays under
+``SMALL_ARRAY_BYTES`` live in NumPy's own allocation, which cannot be split from ``x``: ``free`` makes them
+read-only and drops them from ``report()``; their few bytes go back when the last reference goes. Freeing twice,
+or freeing a view after its array, does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import mmap
+import operator
+import threading
+import weakref
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from . import ledger, spill
+from .decide import SMALL_ARRAY_BYTES, Level, Place, place
+from .units import GiB
+
+_HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
+
+
+class ArrayRecord(NamedTuple):
+    """One live ``memory.array``: what ``report()`` lists. ``str()`` is the SPEC's line:
+    ``[200000000, 8] float32 5.960 GB SSD /home/me/.apsi/spill/apsi-….npy``."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+    place: Place
+    path: str | None  # the spill file; None in RAM
+
+    def __str__(self) -> str:
+        where = f"{self.place} {self.path}" if self.path else str(self.place)
+        return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where}"
+
+
+class _Tracked(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to the object that holds an array's memory (the mmap, or a small array itself), carrying
+    what ``report`` and ``free`` need. One object per array keeps the small-array path cheap."""
+
+    __slots__ = ("key", "record", "array", "address", "length", "freed")
+
+    def __new__(cls, owner: Any, *_: Any) -> _Tracked:
+        return super().__new__(cls, owner, _forget)
+
+    def __init__(self, owner: Any, record: ArrayRecord, x: np.ndarray, address: int, length: int) -> None:
+        super().__init__(owner, _forget)
+        self.key = id(owner)
+        self.record = record
+        # Holding the returned array strongly would keep the memory alive; a small array is its own owner.
+        self.array: Any = self if x is owner else weakref.ref(x)
+        self.address = address
+        self.length = length
+        self.freed = False
+
+
+_tracked: dict[int, _Tracked] = {}  # by id(owner); entries leave when the owner is garbage-collected
+_lock = threading.Lock()
+
+
+# -- input -------------------------------------------------------------------------------------------------------
+
+def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    """``(200_000_000, 8)`` from an int or a sequence of ints; ``ValueError``/``TypeError`` naming the shape."""
+    try:
+        dims = (operator.index(shape),) if isinstance(shape, (int, np.integer)) else tuple(
+            map(operator.index, shape))  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
+    if dims and min(dims) < 0:
+        raise ValueError(f"shape {shape!r} has a negative dimension")
+    return dims
+
+
+_dtypes: dict[Any, np.dtype] = {}  # np.dtype("float64") parses the string on every call; arrays are made often
+
+
+def normalize_dtype(dtype: Any) -> np.dtype:
+    """The ``numpy.dtype`` for ``dtype``; ``TypeError`` naming it when it is not one or holds Python objects."""
+    try:
+        return _dtypes[dtype]
+    except (KeyError, TypeError):  # TypeError: an unhashable spec, e.g. a list of fields
+        pass
+    try:
+        result = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
+    if result.hasobject:
+        raise TypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped file; "
+                        "use a numeric dtype")
+    with contextlib.suppress(TypeError):
+        _dtypes[dtype] = result
+    return result
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+
+
+# -- array -------------------------------------------------------------------------------------------------------
+
+def array(shape: int | Sequence[int], dtype: Any = "float64") -> np.ndarray:
+    """A zero-filled array of ``shape`` and ``dtype``: in RAM if it fits what is left of the budget and memory is
+    not under ``high`` pressure, otherwise memory-mapped from a spill file (see the module docstring)."""
+    dims, kind = normalize_shape(shape), normalize_dtype(dtype)
+    nbytes = nbytes_of(dims, kind)
+    if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
+        return _small(dims, kind, nbytes)
+    where = place(nbytes, *_budget_left_and_level())
+    return _spilled(dims, kind, nbytes) if where is Place.SSD else _big_in_ram(dims, kind, nbytes)
+
+
+def _budget_left_and_level() -> tuple[int, Level]:
+    from . import api
+
+    level = api.current_level()
+    return api.budget().bytes - ledger.held(), level
+
+
+def _small(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    """NumPy's own allocation, listed by ``report`` but not counted in the ledger: the budget is for big arrays,
+    and the kernel already counts small ones as used like any other allocation."""
+    x = np.zeros(shape, dtype)
+    entry = _Tracked(x, ArrayRecord(shape, dtype, nbytes, Place.RAM, None), x, 0, 0)
+    _tracked[entry.key] = entry  # one dict store: atomic under the GIL, no lock needed
+    return x
+
+
+def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    buffer = mmap.mmap(-1, nbytes)  # fresh anonymous pages are zero
+    if nbytes >= _HUGE_PAGE_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
+        buffer.madvise(mmap.MADV_HUGEPAGE)
+    x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
+    _track(buffer, x, ArrayRecord(shape, dtype, nbytes, Place.RAM, None), x.ctypes.data, len(buffer))
+    return x
+
+
+def _spilled(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.memmap:
+    x = spill.create(shape, dtype)
+    mapping = x._mmap  # numpy.memmap's own mmap: the owner of the pages
+    # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
+    start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY
+    _track(mapping, x, ArrayRecord(shape, dtype, nbytes, Place.SSD, str(x.filename)), start, len(mapping))
+    return x
+
+
+def _track(owner: Any, x: np.ndarray, record: ArrayRecord, address: int, length: int) -> None:
+    entry = _Tracked(owner, record, x, address, length)
+    _tracked[entry.key] = entry
+    if record.place is Place.RAM:
+        ledger.add(record.nbytes)
+
+
+def _forget(entry: _Tracked) -> None:
+    """The owner was garbage-collected: its memory is gone with it. (Its id cannot be reused before this runs,
+    so the entry under that key is this one.)"""
+    _tracked.pop(entry.key, None)
+    if not entry.freed:
+        _give_back(entry, release=False)
+
+
+def _give_back(entry: _Tracked, release: bool) -> None:
+    if entry.length == 0:
+        return  # a small array: NumPy's allocation, not in the ledger (see _small)
+    if entry.record.place is Place.RAM:
+        ledger.remove(entry.record.nbytes)
+        if release:
+            spill.detach(entry.address, entry.length)
+    elif entry.record.path is not None:
+        if release:
+            spill.release(entry.record.path, entry.address, entry.length)
+        else:
+            spill.delete(entry.record.path)
+
+
+# -- free, on_disk, report ---------------------------------------------------------------------------------------
+
+def _find(x: Any) -> _Tracked | None:
+    """The entry for the memory ``x`` (an array or any view of it) lives in, following ``.base``."""
+    obj = x
+    while obj is not None:
+        entry = _tracked.get(id(obj))
+        if entry is not None and entry() is obj:
+            return entry
+        obj = getattr(obj, "base", None)
+    return None
+
+
+def free(x: np.ndarray) -> None:
+    """Give ``x``'s RAM back now, or delete its spill file now. ``x`` may be a view: its whole array is freed.
+
+    Afterwards ``x`` is read-only and reads zeros (see the module docstring). Freeing twice does nothing."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
+    entry = _find(x)
+    if entry is None:
+        return  # not ours, or already collected: nothing to give back
+    with _lock:
+        if entry.freed:
+            return
+        entry.freed = True
+    _make_read_only(x, entry.array())
+    _give_back(entry, release=True)
+
+
+def _make_read_only(*arrays: np.ndarray | None) -> None:
+    for a in arrays:
+        while isinstance(a, np.ndarray):
+            a.flags.writeable = False
+            a = a.base  # type: ignore[assignment]
+
+
+def on_disk(x: np.ndarray) -> bool:
+    """Whether ``x`` lives in a file (a spill file, or any ``numpy.memmap``) rather than RAM."""
+    entry = _find(x)
+    if entry is not None:
+        return entry.record.place is Place.SSD
+    obj: Any = x
+    while isinstance(obj, np.ndarray):
+        if isinstance(obj, np.memmap):
+            return True
+        obj = obj.base
+    return False
+
+
+def report() -> list[ArrayRecord]:
+    """One record per live ``memory.array`` (not freed, not collected), oldest first."""
+    return [entry.record for entry in list(_tracked.values()) if not entry.freed]

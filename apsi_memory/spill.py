@@ -1,0 +1,267 @@
+"""Spill files: the SSD side of ``memory.array``.
+
+A spill file is a ``.npy`` file (header + raw data, so ``numpy.load`` can read one while it exists) in
+``APSI_SPILL_DIR`` or ``~/.apsi/spill`` (created 0700; files 0600), named ``apsi-<pid>-<start>-<random>.npy``:
+the owner's process id and its start time (clock ticks since boot, from ``/proc/<pid>/stat``), so a recycled pid
+is not mistaken for the owner.
+
+Lifetime: deleted when the array is freed, when it is garbage-collected, and at exit (``atexit``). A process that
+was SIGKILLed runs none of that; the next process reclaims its files when it first uses the folder (at import for
+the configured folder, and on the first spill into any other), deleting only files whose owner is dead.
+
+Space: the whole file is reserved with ``posix_fallocate`` before it is mapped. A sparse file would fail later,
+on the first write to a page the full disk cannot hold, with SIGBUS — a crash; reserving up front turns a full disk
+into a ``DiskFullError`` at creation, naming the folder and its free space, and the half-made file is removed.
+
+Freeing while views exist: unmapping memory that a view still points at would crash the interpreter on the next
+touch, so ``detach`` instead replaces the file mapping, in place, with fresh anonymous memory (``mmap`` with
+``MAP_FIXED``). Every view stays valid, reads zeros and holds no RAM until written; the file is then truncated and
+unlinked, so its blocks are free at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import errno
+import mmap
+import os
+import re
+import secrets
+import sys
+import threading
+from typing import Callable
+
+import numpy as np
+
+from . import paths
+from .adapters.disk import disk_free
+from .errors import DiskFullError
+from .units import fmt_gb
+
+_NAME = re.compile(r"apsi-(\d+)-(\d+)-[0-9a-f]+\.npy")
+
+
+# -- names (pure) ------------------------------------------------------------------------------------------------
+
+def file_name(pid: int, start: str, token: str) -> str:
+    return f"apsi-{pid}-{start}-{token}.npy"
+
+
+def owner_of(name: str) -> tuple[int, str] | None:
+    """``(pid, start)`` of the process that made spill file ``name``; ``None`` for a file we did not name."""
+    match = _NAME.fullmatch(name)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def fits(needed_bytes: int, free_bytes: int) -> bool:
+    return needed_bytes <= free_bytes
+
+
+# -- processes (thin OS access) ----------------------------------------------------------------------------------
+
+def process_start(pid: int) -> str | None:
+    """The process's start time as the kernel counts it, or ``None`` when no such process runs.
+
+    Where there is no ``/proc`` (macOS) only the pid can be checked: a live pid gives ``"0"``."""
+    if not os.path.isdir("/proc/self"):
+        return _start_without_proc(pid)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count fields after its closing one.
+    fields = stat.rpartition(")")[2].split()
+    return fields[19]  # field 22, starttime
+
+
+def _start_without_proc(pid: int) -> str | None:
+    import psutil
+
+    return "0" if psutil.pid_exists(pid) else None
+
+
+def owner_alive(pid: int, start: str) -> bool:
+    found = process_start(pid)
+    return found is not None and (found == start or found == "0")
+
+
+_OWN_START = process_start(os.getpid()) or "0"
+
+
+# -- reclaiming files of dead owners -----------------------------------------------------------------------------
+
+_reclaimed: set[str] = set()
+_reclaim_lock = threading.Lock()
+
+
+def reclaim(directory: str, alive: Callable[[int, str], bool] = owner_alive) -> list[str]:
+    """Delete the spill files in ``directory`` whose owner process is dead; returns their paths.
+
+    Files not named by us, and files of live processes, are left alone."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        owner = owner_of(name)
+        if owner is None or alive(*owner):
+            continue
+        path = os.path.join(directory, name)
+        with contextlib.suppress(FileNotFoundError):  # another process may have reclaimed it first
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def reclaim_once(directory: str) -> None:
+    """``reclaim`` the first time this process uses ``directory``."""
+    with _reclaim_lock:
+        if directory in _reclaimed:
+            return
+        _reclaimed.add(directory)
+    reclaim(directory)
+
+
+# -- creating ----------------------------------------------------------------------------------------------------
+
+_live: set[str] = set()
+_live_lock = threading.Lock()
+
+
+def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None,
+           free_bytes: Callable[[str], int] = disk_free) -> np.memmap:
+    """A zero-filled ``numpy.memmap`` backed by a new spill file with all its space reserved.
+
+    Raises ``DiskFullError`` (naming the folder and its free space) when the disk cannot hold it; no file is left."""
+    directory = paths.private_dir(os.path.abspath(directory or paths.spill_dir()))
+    reclaim_once(directory)
+    header = _npy_header(shape, dtype)
+    total = len(header) + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    free = free_bytes(directory)
+    if not fits(total, free):
+        raise _disk_full(directory, total, free)
+    path = os.path.join(directory, file_name(os.getpid(), _OWN_START, secrets.token_hex(6)))
+    _write_reserved(path, header, total, directory, free_bytes)
+    with _live_lock:
+        _live.add(path)
+    return np.memmap(path, dtype=dtype, mode="r+", offset=len(header), shape=shape)
+
+
+def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    from io import BytesIO
+
+    info = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    out = BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(out, info)
+    except ValueError:  # a header over 64 KiB (a dtype with very many fields) needs format 2.0
+        out = BytesIO()
+        np.lib.format.write_array_header_2_0(out, info)
+    return out.getvalue()
+
+
+def _write_reserved(path: str, header: bytes, total: int, directory: str,
+                    free_bytes: Callable[[str], int]) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        _reserve(fd, total)
+        os.write(fd, header)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(path)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(directory, total, free_bytes(directory)) from exc
+        raise
+    os.close(fd)
+
+
+def _reserve(fd: int, total: int) -> None:
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, total)
+    else:  # macOS: no reservation call; extend the file (writes to it can then still fail on a full disk)
+        os.ftruncate(fd, total)
+
+
+def _disk_full(directory: str, needed: int, free: int) -> DiskFullError:
+    return DiskFullError(
+        errno.ENOSPC,
+        f"no room for a {fmt_gb(needed, 3)} spill file in {directory}: {fmt_gb(free, 3)} free there "
+        f"(free some space, or set APSI_SPILL_DIR to a bigger disk)")
+
+
+# -- deleting ----------------------------------------------------------------------------------------------------
+
+def delete(path: str) -> None:
+    """Remove a spill file (it may still be mapped: its blocks are then freed when the mapping goes)."""
+    with _live_lock:
+        _live.discard(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def release(path: str, address: int, length: int) -> None:
+    """Give the file's blocks back now, although views of its mapping may live on (see the module docstring)."""
+    if detach(address, length):
+        with contextlib.suppress(FileNotFoundError):
+            os.truncate(path, 0)  # nothing maps it any more, so no page can fault on the lost blocks
+    delete(path)
+
+
+@atexit.register
+def _delete_all_at_exit() -> None:
+    with _live_lock:
+        left = list(_live)
+    for path in left:
+        delete(path)
+
+
+# -- replacing a mapping in place --------------------------------------------------------------------------------
+
+_MAP_FIXED = 0x10  # the same value on every Linux architecture
+
+
+def _load_libc_mmap() -> Callable[..., int | None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.mmap
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_void_p
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_long]
+    return function  # type: ignore[no-any-return]
+
+
+_libc_mmap = _load_libc_mmap()
+
+
+def detach(address: int, length: int) -> bool:
+    """Replace the pages at ``[address, address + length)`` with fresh anonymous zero pages, atomically.
+
+    What was there (a file mapping, or RAM) is released at once; pointers into the range stay valid. ``False``
+    where this cannot be done (not Linux): the caller then only drops its own reference."""
+    if _libc_mmap is None or length <= 0:
+        return False
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
+    result = _libc_mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    if result != address:
+        error = ctypes.get_errno()
+        raise OSError(error, f"could not release {length} bytes at {address:#x}: {os.strerror(error)}")
+    return True
+
+
+def reclaim_at_import() -> None:
+    """Reclaim the configured folder when the library is imported, if it exists (never creates it)."""
+    directory = os.path.abspath(paths.spill_dir())
+    if os.path.isdir(directory):
+        with contextlib.suppress(OSError):
+            reclaim_once(directory)
+
+
+reclaim_at_import()

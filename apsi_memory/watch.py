@@ -1,0 +1,133 @@
+"""``memory.on_pressure`` (a background watcher) and ``memory.relieve`` (give cached RAM back now).
+
+The library itself needs no thread: allocation paths re-measure the level at most twice a second. A watcher is for
+programs that want to act themselves (shrink a batch, pause a producer): a daemon thread reads the pressure every
+``every`` seconds, feeds the level to the registered components like an allocation path would, and calls ``fn``
+with the reading when the level reaches ``level`` — again every ``repeat`` seconds while it lasts, and afresh once
+it has dropped below and comes back.
+
+An exception raised by ``fn`` (or by a reading) goes to ``threading.excepthook`` — printed to stderr by default —
+and the watcher keeps watching.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from . import reactions
+from .decide import Level
+
+Reading = Any  # api.Pressure; anything with a ``.level``
+
+
+def next_call(level_now: Level, threshold: Level, last_call: float | None, now: float,
+              repeat: float) -> tuple[bool, float | None]:
+    """For one reading: whether ``fn`` is called, and when it was last called during this stretch afterwards.
+
+    Called when the level is reached and ``fn`` was not called yet in this stretch (``last_call`` is ``None``) or
+    ``repeat`` seconds ago or more; a reading below the threshold ends the stretch."""
+    if level_now < threshold:
+        return False, None
+    if last_call is None or now - last_call >= repeat:
+        return True, now
+    return False, last_call
+
+
+class Watcher:
+    """Calls ``fn(reading)`` from a daemon thread while the pressure level is at ``level`` or above."""
+
+    def __init__(self, fn: Callable[[Reading], object], level: Level | str = Level.HIGH, every: float = 1.0,
+                 repeat: float = 10.0, read: Callable[[], Reading] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not callable(fn):
+            raise TypeError(f"on_pressure needs a function to call, not {type(fn).__name__}")
+        if not every > 0 or not repeat > 0:
+            raise ValueError(f"every ({every!r}) and repeat ({repeat!r}) must be positive numbers of seconds")
+        self.fn = fn
+        self.level = Level.parse(level)
+        self.every = every
+        self.repeat = repeat
+        self.read = read or _read_pressure
+        self.clock = clock
+        self.calls = 0
+        self._last_call: float | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"apsi-on-pressure-{self.level}", daemon=True)
+
+    def start(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def check(self) -> bool:
+        """One reading: call ``fn`` if it is due. Returns whether it was called."""
+        reading = self.read()
+        call, self._last_call = next_call(reading.level, self.level, self._last_call, self.clock(), self.repeat)
+        if call:
+            self.calls += 1
+            self.fn(reading)
+        return call
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.check()
+            except Exception:  # the watcher must outlive a failing callback; the error is still shown
+                threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))
+            self._stopped.wait(self.every)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the watcher; returns once its thread has finished (at most ``timeout`` seconds while ``fn`` runs)."""
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (f"<on_pressure {state}: level {self.level}, every {self.every:g} s, repeat {self.repeat:g} s, "
+                f"{self.calls} calls>")
+
+
+def _read_pressure() -> Reading:
+    from . import api
+
+    return api.pressure()  # also tells the registered components about a change of level
+
+
+def on_pressure(fn: Callable[[Reading], object], level: Level | str = "high", every: float = 1,
+                repeat: float = 10) -> Watcher:
+    """Start a background watcher that calls ``fn(pressure)`` when the level reaches ``level`` (checked every
+    ``every`` seconds), again every ``repeat`` seconds while it lasts. ``.stop()`` ends it."""
+    return Watcher(fn, level, every, repeat).start()
+
+
+# -- relieve -----------------------------------------------------------------------------------------------------
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        function = ctypes.CDLL(None).malloc_trim  # the C library this interpreter uses
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
+        return None
+    function.argtypes = [ctypes.c_size_t]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def relieve() -> None:
+    """Give cached RAM back now: pools' spare buffers (and stores' RAM tiers), then a garbage collection, then
+    glibc's ``malloc_trim(0)``, which returns freed heap pages to the kernel (where the C library is glibc)."""
+    reactions.relieve_components()
+    gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
