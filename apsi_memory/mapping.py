@@ -1,0 +1,148 @@
+"""``memory.map``: apply a function to every row block of an array on all cores, into an output that may be larger
+than RAM.
+
+    y = memory.map(lambda b: b * 2.0 + 1.0, x, rows=500_000)
+
+How it runs
+-----------
+* ``fn`` runs on the first block in the calling thread; its result fixes the output: one row per input row, with
+  the row shape and dtype of that result. The output is a ``memory.array`` (RAM while it fits the budget, a spill
+  file otherwise).
+* The other blocks run on ``workers`` threads (default: the cores this process may use). NumPy releases the GIL
+  in its loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster.
+* At most two blocks per worker are in flight: each is read ahead when it is handed out, and once it and every
+  block before it are written, its input and output pages are released (see ``outofcore``), so memory stays flat
+  however large the input and output are.
+* A block whose result disagrees with the first (row count, row shape or dtype) raises ``ChunkError``; an
+  exception in ``fn`` raises ``BlockError`` naming the block's rows, with the original as its cause. Either way no
+  further block starts, the blocks already running finish, and the output is freed (its spill file deleted).
+* An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Callable
+
+import numpy as np
+
+from .errors import BlockError, ChunkError
+from .outofcore import BlockPages, Progress, block_spans, positive_count, progress_bar, resolve_source, \
+    rows_per_block
+
+Spans = list[tuple[int, int]]
+BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
+
+
+def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,  # noqa: A001
+        rows: int | None = None, workers: int | None = None, *, progress: bool = False) -> np.ndarray:
+    """``fn`` applied to each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy``
+    path), the results stacked into a new ``memory.array``. See the module docstring for the rules."""
+    source = resolve_source(x)
+    block_rows = rows_per_block(source.row_bytes(), rows)
+    n_workers = _default_workers() if workers is None else positive_count(workers, "workers", "a number of threads")
+    array = source.open()
+    spans = block_spans(len(array), block_rows) or [(0, 0)]
+    inputs = BlockPages(array, spans)
+    bar = progress_bar(progress, len(array), "map")
+    try:
+        return _run(fn, array, spans, inputs, n_workers, bar)
+    finally:
+        inputs.close()
+        bar.close()
+
+
+def _default_workers() -> int:
+    from . import api
+
+    return api.cores()
+
+
+def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
+         workers: int, bar: Progress) -> np.ndarray:
+    from . import arrays
+
+    inputs.read_ahead(spans[0][0], spans[min(1, len(spans) - 1)][1])
+    first = _result_of(fn, array, spans, 0)
+    if first.dtype.hasobject:
+        raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {_rows(spans, 0)}; the "
+                         "output is a memory.array, which holds numbers and fixed-size records only")
+    out = arrays.array((len(array),) + first.shape[1:], first.dtype)
+    outputs = BlockPages(out, spans)
+    try:
+        out[spans[0][0]:spans[0][1]] = first
+        _finished(0, spans, inputs, outputs, bar)
+        _run_rest(fn, array, out, spans, inputs, outputs, workers, bar)
+    except BaseException:
+        outputs.close()
+        arrays.free(out)  # the caller never sees it: its RAM or spill file goes now
+        raise
+    outputs.close()
+    return out
+
+
+def _run_rest(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, out: np.ndarray, spans: Spans,
+              inputs: BlockPages, outputs: BlockPages, workers: int, bar: Progress) -> None:
+    """Blocks 1… on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight."""
+    stopping = threading.Event()
+
+    def work(index: int) -> int:
+        if not stopping.is_set():  # a block queued before another one failed does not start
+            result = _result_of(fn, array, spans, index)
+            _check_like(result, out, spans, index)
+            out[spans[index][0]:spans[index][1]] = result
+        return index
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
+        running: set[Future[int]] = set()
+        upcoming = iter(range(1, len(spans)))
+        try:
+            while True:
+                for index in upcoming:
+                    inputs.read_ahead(*spans[index])
+                    outputs.note(spans[index][1])
+                    running.add(pool.submit(work, index))
+                    if len(running) >= workers * BLOCKS_PER_WORKER:
+                        break
+                if not running:
+                    return
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    _finished(future.result(), spans, inputs, outputs, bar)
+        except BaseException:
+            stopping.set()
+            raise
+
+
+def _finished(index: int, spans: Spans, inputs: BlockPages, outputs: BlockPages, bar: Progress) -> None:
+    inputs.finished(index)
+    outputs.finished(index)
+    bar.update(spans[index][1] - spans[index][0])
+
+
+def _result_of(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, index: int) -> np.ndarray:
+    start, stop = spans[index]
+    try:
+        result = np.asarray(fn(array[start:stop]))
+    except Exception as exc:
+        raise BlockError(f"fn failed on rows {_rows(spans, index)}: {type(exc).__name__}: {exc}") from exc
+    if result.ndim == 0 or len(result) != stop - start:
+        shape = "a single value" if result.ndim == 0 else f"{len(result)} rows"
+        raise ChunkError(f"fn returned {shape} for rows {_rows(spans, index)} ({stop - start} rows); map needs "
+                         "one result row per input row")
+    return result
+
+
+def _check_like(result: np.ndarray, out: np.ndarray, spans: Spans, index: int) -> None:
+    if result.shape[1:] != out.shape[1:] or result.dtype != out.dtype:
+        raise ChunkError(f"fn returned rows of shape {result.shape[1:]} and dtype {result.dtype} for rows "
+                         f"{_rows(spans, index)}, but rows of shape {out.shape[1:]} and dtype {out.dtype} for "
+                         "the first block; every block must give the same row shape and dtype")
+
+
+def _rows(spans: Spans, index: int) -> str:
+    """``1000:2000 (block 2 of 10)``."""
+    start, stop = spans[index]
+    return f"{start}:{stop} (block {index + 1} of {len(spans)})"

@@ -1,0 +1,576 @@
+"""What ``chunks`` and ``map`` share: turning a source into an array of rows, splitting it into row blocks, and
+asking the kernel to read the next block ahead and to let go of finished ones.
+
+Theory of operation
+-------------------
+A file-backed array (a ``.npy`` path, an ``np.memmap``, a ``memory.array`` on the SSD) is found in
+``/proc/self/maps`` by its address, which says, from the kernel itself, whether the memory is a shared mapping of
+a file, which file, and at which offset. Nothing here relies on how NumPy or ``memory.array`` built the mapping.
+
+For such a region, ``Pages`` does three things per block:
+
+* before a block is read: ``mincore`` records which of its pages were already in the page cache, then
+  ``madvise(MADV_WILLNEED)`` starts reading it in the background;
+* once a block is finished (and every block before it, so out-of-order finishes in ``map`` are safe):
+  ``madvise(MADV_DONTNEED)`` drops it from this process (only for *shared* mappings: there the data lives in the
+  file and comes back on the next touch; in a private or anonymous mapping it would be lost), then
+  ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops from the page cache the pages this process brought in. Pages that
+  were cached before stay cached, so a warm file stays warm for the next reader.
+
+In-RAM arrays need none of this: their blocks are plain views.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import mmap
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+import numpy.lib.format as npy_format
+
+from .errors import ChunkError, CorruptFileError
+from .units import MiB
+
+PAGE = mmap.PAGESIZE
+# A block of about this many bytes when the caller gives no ``rows``: large enough that the per-block system calls
+# cost nothing next to the reading, small enough that a few blocks in flight per core stay far below any budget.
+DEFAULT_BLOCK_BYTES = 32 * MiB
+# How far past the requested read-ahead the page-cache state is noted: beyond the kernel's largest read-ahead
+# window, so pages that read-ahead brings in are known to be ours (a byte per 4 KiB page: 16 KiB of state).
+RESIDENCY_AHEAD_BYTES = 64 * MiB
+# The largest page-cache folio (a PMD: 2 MiB on x86-64 and arm64 with 4 KiB pages), in pages.
+FOLIO_PAGES = 2 * MiB // PAGE
+# Written pages released but perhaps not yet on the disk may add up to this before we wait for the disk.
+WRITE_BEHIND_BYTES = 64 * MiB
+
+
+# -- pure: rows and blocks -----------------------------------------------------------------------------------------
+
+def rows_per_block(row_bytes: int, rows: object) -> int:
+    """``rows`` checked, or the default for rows of ``row_bytes`` bytes when it is ``None``."""
+    return default_rows(row_bytes) if rows is None else check_rows(rows)
+
+
+def check_rows(rows: object) -> int:
+    return positive_count(rows, "rows", "a whole number of rows per block")
+
+
+def positive_count(value: object, name: str, meaning: str) -> int:
+    """``value`` as a positive int, or a ``ChunkError`` naming what was passed."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ChunkError(f"{name} must be {meaning}, not {value!r}")
+    if value <= 0:
+        raise ChunkError(f"{name} must be at least 1, not {value}")
+    return int(value)
+
+
+def default_rows(row_bytes: int) -> int:
+    """Rows per block for blocks of about ``DEFAULT_BLOCK_BYTES``; at least one row."""
+    return max(1, DEFAULT_BLOCK_BYTES // max(1, row_bytes))
+
+
+def block_spans(n_rows: int, rows: int) -> list[tuple[int, int]]:
+    """``[(0, rows), (rows, 2*rows), …, (k*rows, n_rows)]``: consecutive blocks, the last one shorter."""
+    return [(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
+
+
+def page_floor(address: int) -> int:
+    return address - address % PAGE
+
+
+def page_ceil(address: int) -> int:
+    return page_floor(address + PAGE - 1)
+
+
+@dataclass
+class ReleaseFront:
+    """Which bytes may be released as blocks finish, in any order: everything before the first unfinished block.
+
+    Addresses are those of the rows (``first_row`` + row index × ``stride``). Only whole pages before the front
+    are handed out, so a page shared with a block still in use is released together with that block.
+    """
+
+    spans: Sequence[tuple[int, int]]
+    first_row: int
+    stride: int
+
+    def __post_init__(self) -> None:
+        self._finished: set[int] = set()
+        self._next = 0  # index of the first unfinished block
+        self._released_to = page_floor(self.first_row)
+
+    def finish(self, index: int) -> tuple[int, int] | None:
+        """Block ``index`` is done; the address range that can be released now, if any."""
+        self._finished.add(index)
+        while self._next in self._finished:
+            self._finished.remove(self._next)
+            self._next += 1
+        if self._next == 0:
+            return None
+        return self._advance(page_floor(self.row_address(self.spans[self._next - 1][1])))
+
+    def rest(self) -> tuple[int, int] | None:
+        """Everything not yet released, up to the page holding the last row (at the end, or on an early exit)."""
+        n_rows = self.spans[-1][1] if self.spans else 0
+        return self._advance(page_ceil(self.row_address(n_rows)))
+
+    def row_address(self, row: int) -> int:
+        return self.first_row + row * self.stride
+
+    def _advance(self, to: int) -> tuple[int, int] | None:
+        if to <= self._released_to:
+            return None
+        released = (self._released_to, to)
+        self._released_to = to
+        return released
+
+
+class Residency:
+    """Which pages were in the page cache before this process read them, for the pages between the release front
+    and the read-ahead frontier only (so it stays small however large the file is)."""
+
+    def __init__(self, first_page: int) -> None:
+        self._first = first_page  # page of _was_cached[0]
+        self._was_cached = np.zeros(0, dtype=bool)
+
+    @property
+    def known_to(self) -> int:
+        """The first page whose state has not been recorded yet."""
+        return self._first + len(self._was_cached)
+
+    def record(self, was_cached: np.ndarray) -> None:
+        """The states of the pages from ``known_to`` on."""
+        self._was_cached = np.concatenate([self._was_cached, was_cached.astype(bool)])
+
+    def take_uncached(self, end_page: int) -> list[tuple[int, int]]:
+        """Runs ``(first_page, count)`` before ``end_page`` that were not cached before.
+
+        The last ``FOLIO_PAGES`` pages handed out are handed out once more with the next call: the kernel drops a
+        large page-cache folio only when one request covers all of it, and one that straddles the boundary between
+        two releases would otherwise stay. Pages never recorded count as cached: this process did not ask for
+        them, so it does not drop them."""
+        count = max(0, min(end_page, self.known_to) - self._first)
+        runs = false_runs(self._was_cached[:count], self._first)
+        keep_from = max(0, count - FOLIO_PAGES)
+        self._was_cached = self._was_cached[keep_from:]
+        self._first += keep_from
+        return runs
+
+
+def false_runs(flags: np.ndarray, offset: int) -> list[tuple[int, int]]:
+    """``(offset + start, length)`` of each run of ``False`` in ``flags``."""
+    padded = np.concatenate([[True], flags, [True]])
+    edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
+    starts, ends = edges[0::2], edges[1::2]
+    return [(offset + int(s), int(e - s)) for s, e in zip(starts, ends)]
+
+
+class WriteBehind:
+    """File ranges released while possibly dirty. ``posix_fadvise(DONTNEED)`` only starts writing dirty pages and
+    drops the clean ones, so written ranges are queued and, once more than ``slack_bytes`` are queued, the oldest
+    are written out and dropped for good: dirty memory stays bounded however much is written."""
+
+    def __init__(self, slack_bytes: int) -> None:
+        self._slack = slack_bytes
+        self._queued: collections.deque[tuple[int, int]] = collections.deque()
+        self._queued_bytes = 0
+
+    def add(self, offset: int, length: int) -> list[tuple[int, int]]:
+        """Queue ``(offset, length)``; the ranges now due to be written out and dropped, oldest first."""
+        self._queued.append((offset, length))
+        self._queued_bytes += length
+        due = []
+        while self._queued_bytes > self._slack:
+            due.append(self._queued.popleft())
+            self._queued_bytes -= due[-1][1]
+        return due
+
+    def drain(self) -> list[tuple[int, int]]:
+        due, self._queued, self._queued_bytes = list(self._queued), collections.deque(), 0
+        return due
+
+
+# -- pure: /proc/self/maps -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Region:
+    """One mapping of this process, as ``/proc/self/maps`` lists it."""
+
+    start: int
+    end: int
+    shared: bool
+    writable: bool
+    file_offset: int
+    path: str  # "" for anonymous memory, "[heap]" and the like for the kernel's own
+
+    @property
+    def is_file(self) -> bool:
+        """A file with its own pages on a disk; shared anonymous memory (``mmap(-1, n)``, memfd, System V) is RAM."""
+        return self.path.startswith("/") and not self.path.startswith(_MEMORY_ONLY_FILES)
+
+
+# How /proc/self/maps names shared mappings that are memory, not a file on a disk.
+_MEMORY_ONLY_FILES = ("/dev/zero", "/memfd:", "/SYSV", "/dev/shm/")
+
+
+def parse_maps(text: str) -> list[Region]:
+    """``7f..-7f.. r--s 00001000 fd:01 1234   /data/x.npy`` per line (the path may hold spaces, or be absent)."""
+    regions = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5:
+            continue
+        start, end = (int(part, 16) for part in fields[0].split("-"))
+        path = fields[5] if len(fields) == 6 else ""
+        perms = fields[1]
+        regions.append(Region(start, end, perms[3:4] == "s", perms[1:2] == "w", int(fields[2], 16), path))
+    return regions
+
+
+def covering_region(regions: Sequence[Region], start: int, end: int) -> Region | None:
+    """The file mapping that holds ``[start, end)``, joining neighbours the kernel split (same file, consecutive
+    offsets, same sharing); ``None`` if the range is not one file mapping."""
+    joined: Region | None = None
+    for region in regions:
+        if joined is not None and _continues(joined, region):
+            joined = Region(joined.start, region.end, joined.shared, joined.writable, joined.file_offset, joined.path)
+        elif region.start <= start < region.end:
+            joined = region
+        elif joined is not None:
+            break
+    if joined is None or not joined.is_file or end > joined.end:
+        return None
+    return joined
+
+
+def _continues(left: Region, right: Region) -> bool:
+    return (right.start == left.end and right.path == left.path and right.shared == left.shared
+            and right.writable == left.writable and right.file_offset == left.file_offset + (left.end - left.start))
+
+
+# -- the kernel: advice on one file mapping ------------------------------------------------------------------------
+
+def _load_libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return None
+    libc = ctypes.CDLL(name, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    if hasattr(libc, "sync_file_range"):
+        libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return libc
+
+
+_LIBC = _load_libc()
+
+
+class Pages:
+    """Read-ahead and release for the rows of one file mapping (see the module docstring)."""
+
+    def __init__(self, region: Region, first_row: int) -> None:
+        self.region = region
+        self._residency = Residency(page_floor(max(first_row, region.start)) // PAGE)
+        self._fd = _open_for_advice(region)
+        self._write_behind = WriteBehind(WRITE_BEHIND_BYTES)
+
+    def note(self, end: int) -> None:
+        """Note which pages up to ``end`` (and well beyond) are in the page cache before we touch them: the
+        kernel's own read-ahead, triggered by our reads, runs ahead of what we ask for."""
+        end = min(page_ceil(end) + RESIDENCY_AHEAD_BYTES, self.region.end)
+        start = self._residency.known_to * PAGE
+        if end > start:
+            self._residency.record(_mincore(start, end - start))
+
+    def read_ahead(self, start: int, end: int) -> None:
+        """Have the kernel read ``[start, end)`` in the background now."""
+        self.note(end)
+        start, end = self._clip(page_floor(start), page_ceil(end))
+        if end > start:
+            _madvise(start, end - start, mmap.MADV_WILLNEED)
+
+    def release(self, span: tuple[int, int] | None) -> None:
+        if span is None:
+            return
+        start, end = self._clip(*span)
+        if end <= start:
+            return
+        if self.region.shared:  # in a private mapping the pages may be the only copy of what was written
+            _madvise(start, end - start, mmap.MADV_DONTNEED)
+        for first_page, count in self._residency.take_uncached(end // PAGE):
+            self._drop_from_cache(first_page * PAGE, count * PAGE)
+
+    def close(self) -> None:
+        """Start writing what is still dirty and drop what is clean (without waiting for the disk); close."""
+        if self._fd is not None:
+            for offset, length in self._write_behind.drain():
+                os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
+            os.close(self._fd)
+            self._fd = None
+
+    def _clip(self, start: int, end: int) -> tuple[int, int]:
+        return max(start, self.region.start), min(end, self.region.end)
+
+    def _drop_from_cache(self, address: int, length: int) -> None:
+        if self._fd is None:
+            return
+        offset = self.region.file_offset + (address - self.region.start)
+        os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)  # dirty pages: starts writing them
+        if self.region.writable:
+            for due in self._write_behind.add(offset, length):
+                _write_out(self._fd, *due)
+                os.posix_fadvise(self._fd, *due, os.POSIX_FADV_DONTNEED)
+
+
+def _write_out(fd: int, offset: int, length: int) -> None:
+    """Wait until ``[offset, offset + length)`` of the file is on the disk (Linux ``sync_file_range``)."""
+    if _LIBC is not None and hasattr(_LIBC, "sync_file_range"):
+        _LIBC.sync_file_range(fd, offset, length, _SYNC_WAIT_BEFORE | _SYNC_WRITE | _SYNC_WAIT_AFTER)
+
+
+_SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4  # <fcntl.h> SYNC_FILE_RANGE_*
+
+
+def _madvise(address: int, length: int, advice: int) -> None:
+    # Advice is a hint: a kernel that refuses it costs memory, never correctness, so a refusal is not an error.
+    assert _LIBC is not None
+    _LIBC.madvise(address, length, advice)
+
+
+def _mincore(address: int, length: int) -> np.ndarray:
+    """Which pages of ``[address, address + length)`` are resident; all of them if the kernel will not say (so
+    nothing is dropped that this process may not have brought in)."""
+    assert _LIBC is not None
+    states = np.zeros((length + PAGE - 1) // PAGE, dtype=np.uint8)
+    if _LIBC.mincore(address, length, states.ctypes.data) != 0:
+        states[:] = 1
+    return (states & 1).astype(bool)
+
+
+def _open_for_advice(region: Region) -> int | None:
+    """A descriptor of the mapped file for ``posix_fadvise``, or ``None`` where we may not drop its cache.
+
+    The kernel reports page-cache residency only for files this user could write (or owns): for any other file
+    ``mincore`` cannot tell our pages from another reader's, so we leave that file's cache alone.
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return None
+    path = region.path.removesuffix(" (deleted)")
+    if region.path.endswith(" (deleted)"):  # a spill file already unlinked: reach it through the mapping
+        path = f"/proc/self/map_files/{region.start:x}-{region.end:x}"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    if os.fstat(fd).st_uid != os.geteuid() and os.geteuid() != 0 and not os.access(path, os.W_OK):
+        os.close(fd)
+        return None
+    return fd
+
+
+def file_region(array: np.ndarray) -> Region | None:
+    """The file mapping that holds all rows of ``array``, or ``None`` (in RAM, or no such kernel interface)."""
+    if _LIBC is None or array.size == 0:
+        return None
+    first, end = row_extent(array)
+    try:
+        with open("/proc/self/maps") as maps:
+            return covering_region(parse_maps(maps.read()), first, end)
+    except OSError:
+        return None
+
+
+def row_extent(array: np.ndarray) -> tuple[int, int]:
+    """Addresses of the first byte of row 0 and of where row ``len(array)`` would start."""
+    first = array.__array_interface__["data"][0]
+    return first, first + len(array) * array.strides[0]
+
+
+class BlockPages:
+    """Read-ahead and release for the row blocks of one array; does nothing for an array in RAM."""
+
+    def __init__(self, array: np.ndarray, spans: Sequence[tuple[int, int]]) -> None:
+        first_row = row_extent(array)[0]
+        self._front = ReleaseFront(spans, first_row, array.strides[0])
+        region = file_region(array)
+        self._pages = None if region is None else Pages(region, first_row)
+
+    def read_ahead(self, start_row: int, stop_row: int) -> None:
+        """Rows about to be read: have the kernel read them in the background."""
+        if self._pages is not None:
+            self._pages.read_ahead(self._front.row_address(start_row), self._front.row_address(stop_row))
+
+    def note(self, stop_row: int) -> None:
+        """Rows about to be written: note what is cached first, so that what the writes bring in is let go."""
+        if self._pages is not None:
+            self._pages.note(self._front.row_address(stop_row))
+
+    def finished(self, index: int) -> None:
+        if self._pages is not None:
+            self._pages.release(self._front.finish(index))
+
+    def close(self) -> None:
+        """Release everything not released yet (the end of the array, or all of it after an early exit)."""
+        if self._pages is not None:
+            self._pages.release(self._front.rest())
+            self._pages.close()
+            self._pages = None
+
+
+# -- sources -------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NpyHeader:
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    data_offset: int
+
+
+_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+
+
+def read_npy_header(path: str) -> NpyHeader:
+    """The header of a ``.npy`` file, checked against the file's size. Never unpickles anything."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        try:
+            version = npy_format.read_magic(f)
+        except ValueError:
+            raise CorruptFileError(path, "not a .npy file (it does not start with the \\x93NUMPY magic)") from None
+        reader = _HEADER_READERS.get(version)
+        if reader is None:
+            raise ChunkError(f"{path}: .npy format version {version[0]}.{version[1]} cannot be streamed; "
+                             "open it with np.load(path, mmap_mode='r') and pass the array instead")
+        try:
+            shape, fortran_order, dtype = reader(f)
+        except ValueError as exc:
+            raise CorruptFileError(path, f"unreadable .npy header ({exc})") from None
+        header = NpyHeader(path, shape, dtype, fortran_order, f.tell())
+        _check_npy_size(header, os.fstat(f.fileno()).st_size)
+    return header
+
+
+def _check_npy_size(header: NpyHeader, file_size: int) -> None:
+    if header.dtype.hasobject:
+        raise ChunkError(f"{header.path}: holds Python objects (dtype {header.dtype}), which .npy stores pickled; "
+                         "apsi never unpickles a file it did not write. If you trust the file, load it with "
+                         "np.load(path, allow_pickle=True) and pass the array")
+    needed = header.data_offset + int(np.prod(header.shape, dtype=np.int64)) * header.dtype.itemsize
+    if file_size < needed:
+        raise CorruptFileError(header.path, f"truncated: the header promises {header.shape} {header.dtype} "
+                                            f"({needed} bytes with the header) but the file has {file_size} bytes")
+
+
+def open_npy(header: NpyHeader) -> np.ndarray:
+    """The file's array, memory-mapped read-only (no copy; an empty array needs no mapping)."""
+    order = "F" if header.fortran_order else "C"
+    if int(np.prod(header.shape, dtype=np.int64)) * header.dtype.itemsize == 0:
+        return np.empty(header.shape, dtype=header.dtype, order=order)
+    return np.memmap(header.path, dtype=header.dtype, mode="r", offset=header.data_offset,
+                     shape=header.shape, order=order)
+
+
+@dataclass(frozen=True)
+class Source:
+    """What ``chunks``/``map`` stream: an array given directly, or a ``.npy`` file opened when streaming starts."""
+
+    given: np.ndarray | None
+    npy: NpyHeader | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.given.shape if self.given is not None else self.npy.shape  # type: ignore[union-attr]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.given.dtype if self.given is not None else self.npy.dtype  # type: ignore[union-attr]
+
+    def open(self) -> np.ndarray:
+        return self.given if self.given is not None else open_npy(self.npy)  # type: ignore[arg-type]
+
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+
+def resolve_source(source: object) -> Source:
+    """Check a source up front, so bad input fails at the call and not at the first block."""
+    if isinstance(source, (str, os.PathLike)):
+        header = read_npy_header(os.fspath(source))
+        _check_has_rows(header.shape, header.path)
+        _check_rows_in_order(header.shape, _file_strides(header), header.dtype.itemsize, header.path)
+        return Source(None, header)
+    if isinstance(source, np.ndarray):
+        _check_has_rows(source.shape, "the array")
+        if file_region(source) is not None:  # in RAM any layout is fine: blocks are views either way
+            _check_rows_in_order(source.shape, source.strides, source.itemsize, "the memory-mapped array")
+        return Source(source, None)
+    raise ChunkError(f"cannot split a {type(source).__name__} into row blocks; pass a .npy path, an np.memmap, "
+                     "a memory.array or another NumPy array")
+
+
+def _check_has_rows(shape: tuple[int, ...], what: str) -> None:
+    if len(shape) == 0:
+        raise ChunkError(f"{what} is 0-d (a single value), so it has no rows to split into blocks")
+
+
+def _check_rows_in_order(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int, what: str) -> None:
+    if not rows_follow_each_other(shape, strides, itemsize):
+        raise ChunkError(f"{what} does not store its rows one after another (Fortran order, or a transposed or "
+                         "reversed view), so a block of rows is scattered over the whole file and cannot be "
+                         "streamed; save it in C order (np.save(path, np.ascontiguousarray(a))) or load it into RAM")
+
+
+def rows_follow_each_other(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Each row lies wholly before the next, as in a C-order file or a column slice of one."""
+    if shape[0] <= 1 or int(np.prod(shape[1:])) == 0:
+        return True
+    if any(stride < 0 for stride in strides):
+        return False
+    row_span = sum((n - 1) * stride for n, stride in zip(shape[1:], strides[1:])) + itemsize
+    return strides[0] >= row_span
+
+
+def _file_strides(header: NpyHeader) -> tuple[int, ...]:
+    """The strides the file's array has: C order unless the header says Fortran order."""
+    dims = header.shape[::-1] if not header.fortran_order else header.shape
+    strides, step = [], header.dtype.itemsize
+    for n in dims:
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(strides[::-1]) if not header.fortran_order else tuple(strides)
+
+
+# -- progress ------------------------------------------------------------------------------------------------------
+
+class Progress(Protocol):
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> None: ...
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(show: bool, total_rows: int, what: str) -> Progress:
+    """A tqdm bar counting rows (throughput and time left included) when asked for; tqdm is imported only then."""
+    if not show:
+        return _NoProgress()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        raise ImportError("progress=True needs tqdm: pip install 'apsi-memory[progress]'") from None
+    bar: Progress = tqdm(total=total_rows, unit=" rows", unit_scale=True, desc=what)
+    return bar
