@@ -23,6 +23,9 @@ with its ordinary ``import``. What they model, because the library's behaviour d
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import sys
 import types
@@ -150,9 +153,10 @@ class FakeGpuMachine:
         return chosen
 
     @contextlib.contextmanager
-    def installed(self, *names: str) -> Iterator[dict[str, types.ModuleType]]:
-        """Put the named fakes (``"torch"``, ``"cupy"``, ``"pynvml"``) into ``sys.modules``; the others are
-        blocked (``import`` fails) so a real library on the machine cannot leak into a test. Restored after."""
+    def installed(self, *names: str, imported: bool = True) -> Iterator[dict[str, types.ModuleType]]:
+        """Put the named fakes (``"torch"``, ``"cupy"``, ``"pynvml"``) into ``sys.modules`` — or, with
+        ``imported=False``, make them importable but not yet imported. The others are blocked (``import`` fails)
+        so a real library on the machine cannot leak into a test. Everything is restored afterwards."""
         makers = {"torch": self._torch, "cupy": self._cupy, "pynvml": self._nvml}
         unknown = set(names) - set(makers)
         if unknown:
@@ -160,13 +164,20 @@ class FakeGpuMachine:
         covered = [m for m in sys.modules if m.split(".")[0] in makers]
         saved = {m: sys.modules[m] for m in covered}
         modules = {name: makers[name]() for name in names}
+        finder = _Finder(modules)
         try:
             for m in covered:
                 del sys.modules[m]
-            for name in makers:
-                sys.modules[name] = modules.get(name)  # type: ignore[assignment]  # None blocks the import
+            for name in set(makers) - set(names):
+                sys.modules[name] = None  # type: ignore[assignment]  # None makes ``import name`` fail
+            if imported:
+                sys.modules.update(modules)
+            else:
+                sys.meta_path.insert(0, finder)
             yield modules
         finally:
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             for name in makers:
                 sys.modules.pop(name, None)
             sys.modules.update(saved)
@@ -181,6 +192,22 @@ class FakeGpuMachine:
 
     def _nvml(self) -> types.ModuleType:
         return _FakeNvml(self).module()
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes fake modules importable (found by ``import``) without their being imported yet."""
+
+    def __init__(self, modules: dict[str, types.ModuleType]) -> None:
+        self.modules = modules
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.util.spec_from_loader(name, self) if name in self.modules else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self.modules[spec.name]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass  # the fake is built already
 
 
 def _nbytes(shape: int | Sequence[int], dtype: str) -> int:
