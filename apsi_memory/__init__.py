@@ -30,6 +30,10 @@ from .units import parse_size
 from .api import Budget, Limits, Pressure, Status, budget, cores, current_level, limits, pressure, status
 
 # -- arrays, pool, on_pressure, relieve (arrays.py, pool.py, watch.py) --
+# (the function ``pool`` shadows the submodule attribute: use ``from apsi_memory.pool import Pool``)
+from .arrays import ArrayRecord, array, free, on_disk, report
+from .pool import Pool, pool
+from .watch import Watcher, on_pressure, relieve
 
 # -- chunks and map (outofcore.py) --
 
@@ -60,4 +64,15 @@ __all__ = [
     "SizeError",
     "TamperWarning",
     "parse_size",
+    # arrays, pool, on_pressure, relieve
+    "ArrayRecord",
+    "Pool",
+    "Watcher",
+    "array",
+    "free",
+    "on_disk",
+    "on_pressure",
+    "pool",
+    "relieve",
+    "report",
 ]

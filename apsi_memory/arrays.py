@@ -4,8 +4,9 @@ What a user gets
 ----------------
 * Always a real ``numpy.ndarray``, zero-filled like ``numpy.zeros``: a plain ``ndarray`` in RAM, a
   ``numpy.memmap`` (a subclass) on the SSD. NumPy code cannot tell them apart; ``on_disk(x)`` can.
-* Where it goes is ``decide.place(nbytes, budget_left, level)``, with ``budget_left = budget() - RAM our arrays
-  already hold`` and the level from ``current_level()`` (re-measured at most twice a second). Arrays under
+* Where it goes is ``decide.place(nbytes, budget_left, level)``, with ``budget_left`` the budget less the RAM our
+  arrays already hold, capped at the memory free now, and the level from ``current_level()`` (re-measured at
+  most twice a second). Arrays under
   ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a small ``memory.array`` costs a
   ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
 * Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
@@ -133,11 +134,18 @@ def array(shape: int | Sequence[int], dtype: Any = "float64") -> np.ndarray:
     return _spilled(dims, kind, nbytes) if where is Place.SSD else _big_in_ram(dims, kind, nbytes)
 
 
+def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int) -> int:
+    """What RAM a new array may still take: the budget less what our RAM arrays hold, and never more than is free
+    now (a budget set above the free memory must not put an array in RAM that cannot fit there)."""
+    return max(0, min(budget_bytes - held_bytes, free_bytes))
+
+
 def _budget_left_and_level() -> tuple[int, Level]:
     from . import api
 
     level = api.current_level()
-    return api.budget().bytes - ledger.held(), level
+    reading = api.limits()  # budget and free from one reading
+    return budget_left(reading.budget_bytes, ledger.held(), reading.free_bytes), level
 
 
 def _small(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
@@ -149,10 +157,17 @@ def _small(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
     return x
 
 
-def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
-    buffer = mmap.mmap(-1, nbytes)  # fresh anonymous pages are zero
+def anonymous_memory(nbytes: int) -> mmap.mmap:
+    """Fresh zero pages of this process's own: private (Python's default, ``MAP_SHARED``, would be shared memory:
+    copied into children by ``fork`` as shared, not given back by ``MADV_DONTNEED``, and without huge pages)."""
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if nbytes >= _HUGE_PAGE_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
         buffer.madvise(mmap.MADV_HUGEPAGE)
+    return buffer
+
+
+def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+    buffer = anonymous_memory(nbytes)
     x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
     _track(buffer, x, ArrayRecord(shape, dtype, nbytes, Place.RAM, None), x.ctypes.data, len(buffer))
     return x

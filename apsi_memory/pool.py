@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import reactions
-from .arrays import nbytes_of, normalize_dtype, normalize_shape
+from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
 from .decide import Level
 from .errors import PoolError
 from .units import fmt_mb, parse_size
@@ -96,9 +96,7 @@ class _Buffer:
 
     def __init__(self, nbytes: int) -> None:
         self.capacity = capacity_for(nbytes)
-        self.memory = mmap.mmap(-1, self.capacity)  # fresh anonymous pages are zero
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            self.memory.madvise(mmap.MADV_HUGEPAGE)  # as NumPy does for big arrays: fewer faults and TLB misses
+        self.memory = anonymous_memory(self.capacity)
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.memory))
         self.clean = True
         self.busy = False  # being cleared by the background thread
@@ -275,13 +273,18 @@ class Pool:
         return len(self._spares)
 
     @property
+    def cleared(self) -> int:
+        """Spares already cleared, ready for ``take(zero=True)``."""
+        return sum(1 for b in self._spares if b.clean and not b.busy)
+
+    @property
     def out(self) -> int:
         """Arrays handed out and neither given back nor collected."""
         return len(self._out)
 
     def __repr__(self) -> str:
-        return (f"<pool: {self.spares} spare buffers ({fmt_mb(self.spare_bytes)} of {fmt_mb(self.max_bytes)} "
-                f"allowed), {self.out} out>")
+        return (f"<pool: {self.spares} spare buffers ({self.cleared} cleared, {fmt_mb(self.spare_bytes)} of "
+                f"{fmt_mb(self.max_bytes)} allowed), {self.out} out>")
 
 
 def _current_level() -> Level:

@@ -38,7 +38,7 @@ import numpy as np
 from . import paths
 from .adapters.disk import disk_free
 from .errors import DiskFullError
-from .units import fmt_gb
+from .units import GiB, fmt_gb, fmt_mb
 
 _NAME = re.compile(r"apsi-(\d+)-(\d+)-[0-9a-f]+\.npy")
 
@@ -186,10 +186,14 @@ def _reserve(fd: int, total: int) -> None:
         os.ftruncate(fd, total)
 
 
+def _size(n_bytes: int) -> str:
+    return fmt_gb(n_bytes) if n_bytes >= GiB else fmt_mb(n_bytes)
+
+
 def _disk_full(directory: str, needed: int, free: int) -> DiskFullError:
     return DiskFullError(
         errno.ENOSPC,
-        f"no room for a {fmt_gb(needed, 3)} spill file in {directory}: {fmt_gb(free, 3)} free there "
+        f"no room for a {_size(needed)} spill file in {directory}: {_size(free)} free there "
         f"(free some space, or set APSI_SPILL_DIR to a bigger disk)")
 
 

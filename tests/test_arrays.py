@@ -1,0 +1,241 @@
+"""memory.array, free, on_disk, report — on a simulated 256 MiB container read by the real api."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+
+import numpy as np
+import pytest
+
+import apsi_memory as memory
+from apsi_memory import ledger
+from apsi_memory.decide import Level
+from sim.pressure import PressureMachine
+from sim.tree import MiB
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch) -> PressureMachine:
+    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path / "spill"))
+    return PressureMachine(tmp_path / "root", limit=256 * MiB).install(monkeypatch)
+
+
+def new_records(before: list[memory.ArrayRecord]) -> list[memory.ArrayRecord]:
+    """``report()`` less what earlier tests left alive."""
+    return [r for r in memory.report() if r not in before]
+
+
+def spill_files(tmp_path) -> list[str]:
+    folder = tmp_path / "spill"
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+# -- what it is --------------------------------------------------------------------------------------------------
+
+def test_a_ram_array_is_a_plain_zeroed_ndarray_that_numpy_code_accepts(machine):
+    x = memory.array((1024, 512), "float32")  # 2 MiB: fits the ~180 MiB budget
+    assert type(x) is np.ndarray and x.shape == (1024, 512) and x.dtype == np.float32
+    assert not memory.on_disk(x) and not x.any()
+    np.add(x, 2.0, out=x)
+    assert float(x.sum()) == 2.0 * x.size
+
+
+def test_an_array_over_the_budget_is_a_memmap_on_the_ssd_that_numpy_code_accepts(machine, tmp_path):
+    x = memory.array((300, MiB // 8))  # 300 MiB: more than the container has
+    assert isinstance(x, np.memmap) and isinstance(x, np.ndarray) and memory.on_disk(x)
+    assert not x[::50].any()
+    x[7] = 1.5
+    assert float(np.asarray(x[5:9]).sum()) == 1.5 * (MiB // 8)
+    assert spill_files(tmp_path) == [os.path.basename(x.filename)]
+
+
+def test_spill_files_are_npy_files_named_after_their_owner(machine, tmp_path):
+    memory.budget(0)
+    x = memory.array((3, MiB), "int8")
+    x[1, 2] = 7
+    x.flush()
+    name = os.path.basename(x.filename)
+    assert name.startswith(f"apsi-{os.getpid()}-") and name.endswith(".npy")
+    assert np.load(x.filename, mmap_mode="r")[1, 2] == 7
+
+
+def test_small_arrays_stay_in_ram_whatever_the_pressure(machine):
+    machine.at(Level.CRITICAL)
+    machine.next_measurement()
+    assert not memory.on_disk(memory.array(MiB // 8 - 1))  # one element under 1 MiB
+
+
+@pytest.mark.parametrize("shape,dtype", [((0, 5), "float64"), (7, "int8"), ((2, 3, 4), "complex64"),
+                                          ((4,), [("a", "i4"), ("b", "f8")])])
+def test_shapes_and_dtypes(machine, shape, dtype):
+    x = memory.array(shape, dtype)
+    assert x.shape == (shape if isinstance(shape, tuple) else (shape,)) and x.dtype == np.dtype(dtype)
+
+
+# -- placement: budget edges and every level ---------------------------------------------------------------------
+
+def test_an_array_exactly_at_the_budget_goes_to_ram_one_byte_more_to_the_ssd(machine):
+    memory.budget("8MB")
+    at_budget = memory.array(8 * MiB, "uint8")
+    assert not memory.on_disk(at_budget)
+    memory.free(at_budget)
+    assert memory.on_disk(memory.array(8 * MiB + 1, "uint8"))
+
+
+def test_ram_arrays_use_up_the_budget(machine):
+    memory.budget("8MB")
+    first = memory.array(6 * MiB, "uint8")
+    second = memory.array(3 * MiB, "uint8")  # 6 + 3 > 8
+    assert not memory.on_disk(first) and memory.on_disk(second)
+    memory.free(first)
+    assert not memory.on_disk(memory.array(3 * MiB, "uint8"))  # freed RAM is budget again
+
+
+def test_zero_budget_sends_every_big_array_to_the_ssd_and_keeps_small_ones_in_ram(machine):
+    memory.budget(0)
+    assert memory.on_disk(memory.array(MiB, "uint8"))
+    assert not memory.on_disk(memory.array(MiB - 1, "uint8"))
+
+
+def test_a_budget_larger_than_free_memory_does_not_put_an_array_in_ram_that_cannot_fit(machine):
+    memory.budget("1TB")
+    machine.use(128 * MiB)  # 128 MiB of 256 free: level still ok
+    machine.next_measurement()
+    assert memory.on_disk(memory.array(200 * MiB, "uint8"))
+    assert not memory.on_disk(memory.array(100 * MiB, "uint8"))
+
+
+@pytest.mark.parametrize("level,on_ssd", [(Level.OK, False), (Level.MODERATE, False), (Level.HIGH, True),
+                                          (Level.CRITICAL, True)])
+def test_big_arrays_go_to_the_ssd_from_high_pressure_on(machine, level, on_ssd):
+    memory.budget("1GB")  # the budget is no reason to spill here: only the level is
+    machine.at(level)
+    machine.next_measurement()
+    assert memory.on_disk(memory.array(2 * MiB, "uint8")) is on_ssd
+
+
+def test_the_level_is_measured_at_most_twice_a_second_on_the_allocation_path(machine):
+    memory.array(2 * MiB, "uint8")
+    measured = machine.tracker.measurements
+    machine.at(Level.HIGH)
+    machine.clock.advance(0.49)
+    assert not memory.on_disk(memory.array(2 * MiB, "uint8"))  # the 0.49 s old "ok" still counts
+    assert machine.tracker.measurements == measured
+    machine.clock.advance(0.01)
+    assert memory.on_disk(memory.array(2 * MiB, "uint8"))
+    assert machine.tracker.measurements == measured + 1
+
+
+# -- free ---------------------------------------------------------------------------------------------------------
+
+def test_free_deletes_the_spill_file_now_and_views_keep_working(machine, tmp_path):
+    memory.budget(0)
+    x = memory.array((4, MiB), "uint8")
+    view = x[1:3]
+    x[2] = 9
+    memory.free(x)
+    assert spill_files(tmp_path) == []
+    assert x.filename not in open("/proc/self/maps").read()  # nothing maps the file: its blocks are free
+    assert int(view.sum()) == 0  # reads zeros, no crash
+    view[0, 0] = 5  # a view made before free may still be written (its own RAM now)
+    assert view[0, 0] == 5
+
+
+def test_writing_a_freed_array_is_an_error_numpy_reports(machine):
+    for x in (memory.array((4, MiB), "uint8"), memory.array(10)):
+        memory.free(x)
+        with pytest.raises(ValueError, match="read-only"):
+            x[0] = 1
+
+
+def test_free_gives_ram_back_now_even_while_a_view_exists(machine):
+    psutil = pytest.importorskip("psutil")
+    process = psutil.Process()
+    x = memory.array(64 * MiB, "uint8")
+    x[:] = 1
+    view = x[::4096]
+    held = ledger.held()
+    before = process.memory_info().rss
+    memory.free(x)
+    assert before - process.memory_info().rss > 60 * MiB
+    assert ledger.held() == held - 64 * MiB
+    assert int(view.sum()) == 0
+
+
+def test_freeing_twice_or_through_a_view_is_harmless(machine, tmp_path):
+    memory.budget(0)
+    x = memory.array((4, MiB), "uint8")
+    memory.free(x[1:])
+    memory.free(x)
+    memory.free(x[2:])
+    assert spill_files(tmp_path) == [] and str(x.shape) not in str(memory.report())
+
+
+def test_free_refuses_what_is_not_an_array_and_ignores_arrays_it_did_not_make(machine):
+    with pytest.raises(TypeError, match="list"):
+        memory.free([1, 2, 3])  # type: ignore[arg-type]
+    plain = np.ones(3)
+    memory.free(plain)
+    assert plain.flags.writeable and plain.sum() == 3
+
+
+def test_a_collected_array_deletes_its_file_and_leaves_the_report(machine, tmp_path):
+    memory.budget("2MB")
+    before = memory.report()
+    x = memory.array((4, MiB), "uint8")
+    y = memory.array(MiB, "uint8")
+    assert memory.on_disk(x) and not memory.on_disk(y)
+    held = ledger.held()
+    view = x[1:]
+    del x
+    gc.collect()
+    assert len(spill_files(tmp_path)) == 1 and len(new_records(before)) == 2  # the view keeps it alive
+    del view, y
+    gc.collect()
+    assert spill_files(tmp_path) == [] and new_records(before) == []
+    assert ledger.held() == held - MiB
+
+
+# -- on_disk, report ----------------------------------------------------------------------------------------------
+
+def test_on_disk_follows_views_and_knows_any_memmap(machine, tmp_path):
+    memory.budget(0)
+    x = memory.array((4, MiB), "uint8")
+    assert memory.on_disk(x[1:2]) and memory.on_disk(np.asarray(x)[::2])
+    theirs = np.lib.format.open_memmap(str(tmp_path / "theirs.npy"), mode="w+", dtype="f4", shape=(3,))
+    assert memory.on_disk(theirs) and not memory.on_disk(np.zeros(3))
+
+
+def test_report_lists_each_live_array_as_the_spec_prints_it(machine):
+    memory.budget("64MB")
+    before = memory.report()
+    in_ram = memory.array((1000, 8), "float32")
+    on_ssd = memory.array((20_000_000, 1), "float32")
+    lines = [str(r) for r in new_records(before)]
+    assert lines == ["[1000, 8] float32 0.000 GB RAM",
+                     f"[20000000, 1] float32 0.075 GB SSD {on_ssd.filename}"]
+    first = new_records(before)[0]
+    assert (first.shape, first.dtype, first.nbytes, str(first.place), first.path) == \
+        ((1000, 8), np.dtype("float32"), 32000, "RAM", None)
+    memory.free(in_ram)
+    assert [r.place for r in new_records(before)] == ["SSD"]
+
+
+# -- bad input ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,dtype,error,names", [
+    ((3, -1), "float64", ValueError, "(3, -1)"),
+    ("big", "float64", TypeError, "'big'"),
+    ((2.5, 3), "float64", TypeError, "(2.5, 3)"),
+    ((3,), "floaty", TypeError, "'floaty'"),
+    ((3,), object, TypeError, "object"),
+])
+def test_bad_input_is_a_clear_error_and_keeps_what_exists(machine, shape, dtype, error, names):
+    kept = memory.array(4, "int16")
+    kept[:] = 3
+    before = memory.report()
+    with pytest.raises(error, match=re.escape(names)):
+        memory.array(shape, dtype)
+    assert memory.report() == before and kept.sum() == 12

@@ -1,0 +1,115 @@
+"""Spill files: where, how they are named, when they go, and a full disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from apsi_memory import spill
+from apsi_memory.errors import DiskFullError
+from apsi_memory.units import MiB
+
+FLOAT64 = np.dtype("float64")
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch) -> str:
+    path = str(tmp_path / "spill")
+    monkeypatch.setenv("APSI_SPILL_DIR", path)
+    return path
+
+
+def run_python(code: str, folder: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "APSI_SPILL_DIR": folder, **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environment, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_names_carry_the_owner_and_nothing_else_is_taken_for_ours():
+    name = spill.file_name(4242, "98765", "ab12cd")
+    assert spill.owner_of(name) == (4242, "98765")
+    for foreign in ("data.npy", "apsi-12-x-ab.npy", "apsi-12-34-ab.npy.bak", "my-apsi-12-34-ab.npy"):
+        assert spill.owner_of(foreign) is None
+
+
+def test_the_folder_is_made_private_and_the_file_is_ours_alone(folder):
+    x = spill.create((4, 4), FLOAT64)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(x.filename).st_mode) == 0o600
+    assert spill.owner_of(os.path.basename(x.filename)) == (os.getpid(), spill.process_start(os.getpid()))
+
+
+def test_a_full_disk_is_a_clear_error_that_leaves_no_file_and_keeps_the_others(folder):
+    kept = spill.create((8,), FLOAT64)
+    kept[:] = 2.0
+    with pytest.raises(DiskFullError) as caught:
+        spill.create((MiB,), FLOAT64, free_bytes=lambda _: 5 * MiB)  # 8 MiB asked, 5 MiB free
+    message = str(caught.value)
+    assert f"no room for a 8.0 MB spill file in {folder}: 5.0 MB free there" in message
+    assert isinstance(caught.value, OSError)
+    assert os.listdir(folder) == [os.path.basename(kept.filename)] and kept.sum() == 16.0
+
+
+def test_files_of_dead_owners_are_reclaimed_and_only_those(folder, tmp_path):
+    os.makedirs(folder)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead_pid = int(finished.stdout)
+    me, my_start = os.getpid(), spill.process_start(os.getpid())
+    names = {
+        "dead": spill.file_name(dead_pid, "1", "aa"),
+        "recycled pid": spill.file_name(me, "1" + str(my_start), "bb"),  # our pid, another process's start
+        "alive": spill.file_name(me, str(my_start), "cc"),
+        "not ours": "results.npy",
+    }
+    for name in names.values():
+        open(os.path.join(folder, name), "w").close()
+    removed = spill.reclaim(folder)
+    assert sorted(os.path.basename(p) for p in removed) == sorted([names["dead"], names["recycled pid"]])
+    assert sorted(os.listdir(folder)) == sorted([names["alive"], names["not ours"]])
+
+
+def test_a_sigkilled_process_leaves_its_file_and_the_next_process_reclaims_it(folder):
+    killed = run_python("""
+        import os, signal, apsi_memory as memory
+        x = memory.array((2, 1 << 20))
+        x[:] = 1
+        print(x.filename, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """, folder, APSI_RAM_BUDGET="0")
+    assert killed.returncode == -signal.SIGKILL
+    left = killed.stdout.strip()
+    assert os.path.exists(left)
+    nxt = run_python("import apsi_memory", folder)
+    assert nxt.returncode == 0, nxt.stderr
+    assert not os.path.exists(left)
+
+
+def test_files_are_deleted_at_exit_even_while_their_arrays_live(folder):
+    done = run_python("""
+        import apsi_memory as memory
+        keep = [memory.array((2, 1 << 20)) for _ in range(2)]
+        print(*(x.filename for x in keep))
+    """, folder, APSI_RAM_BUDGET="0")
+    assert done.returncode == 0, done.stderr
+    paths = done.stdout.split()
+    assert len(paths) == 2 and not any(os.path.exists(p) for p in paths)
+    assert os.listdir(folder) == []
+
+
+def test_release_frees_the_blocks_while_views_stay_valid(folder):
+    x = spill.create((4, MiB // 8), FLOAT64)
+    x[:] = 3.0
+    view = x[2:]
+    start = x.ctypes.data - x.offset  # the mapping starts at the file's start (offset under a page)
+    spill.release(x.filename, start, len(x._mmap))
+    assert os.listdir(folder) == []
+    assert x.filename not in open("/proc/self/maps").read()
+    assert float(view.sum()) == 0.0
