@@ -512,6 +512,7 @@ class _Journal:
             os.close(fd)
             raise CorruptFileError(self.path, "not an apsi_memory store index (wrong magic)")
         self.fd, self.offset = fd, len(_MAGIC)
+        self.damaged = False  # damaged records were skipped: the next writer rewrites the journal without them
 
     def reopen(self) -> None:
         os.close(self.fd)
@@ -529,6 +530,7 @@ class _Journal:
                 buf = os.pread(self.fd, needed, self.offset)  # one record longer than a chunk (a huge key)
             found, used, damaged = parse_records(buf, self.offset)
             for start, end in damaged:
+                self.damaged = True
                 warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "
                                             "entries recorded there read as misses"), stacklevel=5)
             self.offset += used
@@ -680,6 +682,7 @@ class Store:
         with self._lock, self._journal.locked():
             self._catch_up()
             self._unlink(self._evict_over_limit(keep=b""))
+            self._compact_if_due()
         reactions.register(self)
 
     # -- reading --
@@ -902,7 +905,7 @@ class Store:
         dead = self._journal.offset - inline
         on_disk = self._index.total - inline + self._journal.offset
         over_limit = on_disk > self.disk_limit and dead > self.disk_limit // 10
-        if dead <= max(inline, COMPACT_MIN_BYTES) and not over_limit:
+        if dead <= max(inline, COMPACT_MIN_BYTES) and not over_limit and not self._journal.damaged:
             return
         self._journal.replace(list(self._index.entries.items()))
         self._catch_up()

@@ -1,0 +1,153 @@
+"""Several processes on one store: writers SIGKILLed mid-set leave every entry whole or missing; concurrent
+writers lose no completed set; a reader never sees a half-written value. Bounded: well under 30 s in all."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import apsi_memory as memory
+from apsi_memory.errors import TamperWarning
+from apsi_memory.units import GiB, MiB
+
+FORK = multiprocessing.get_context("fork")
+KILLS = 40
+KEYS = 40
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
+    return tmp_path
+
+
+def value_for(key: int, version: int):
+    """Every kind and size class: inline pickles and arrays, pickle and array files, memory-mapped arrays."""
+    shape = version % 5
+    if shape == 0:
+        return {"key": key, "version": version}
+    if shape == 1:
+        return {"key": key, "version": version, "pad": "p" * 30_000}
+    sizes = {2: 100, 3: 5_000, 4: 40_000}
+    return np.full(sizes[shape], key * 1_000_000 + version, dtype=np.float64)
+
+
+def check_whole(key: int, value) -> None:
+    """A value read back must be one some writer wrote, entire."""
+    if isinstance(value, dict):
+        assert value["key"] == key
+        assert ("pad" in value) == (value["version"] % 5 == 1)
+        if "pad" in value:
+            assert value["pad"] == "p" * 30_000
+        return
+    assert isinstance(value, np.ndarray)
+    version = int(value[0]) - key * 1_000_000
+    assert 0 <= version and value.size == {2: 100, 3: 5_000, 4: 40_000}[version % 5]
+    assert (value == value[0]).all()
+
+
+def write_forever(start: int, disk_bytes: int) -> None:
+    s = memory.store("shared", ram_mb=1, disk_gb=disk_bytes / GiB)
+    version = start
+    while True:
+        s.set(version % KEYS, value_for(version % KEYS, version))
+        version += 1
+
+
+def test_writers_killed_mid_set_leave_entries_whole_or_missing():
+    """SIGKILL a writer at a random moment, many times; after each kill every entry reads back whole or is
+    missing, nothing warns of tampering, and the store takes new sets."""
+    rng = random.Random(5)
+    disk = 4 * MiB  # small, so kills also land in eviction and compaction
+    seen = 0
+    for kill in range(KILLS):
+        child = FORK.Process(target=write_forever, args=(kill * 100_000, disk))
+        child.start()
+        time.sleep(rng.uniform(0.02, 0.12))
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        assert child.exitcode == -signal.SIGKILL
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TamperWarning)
+            reader = memory.store("shared", ram_mb=0, disk_gb=disk / GiB)
+            for key in range(KEYS):
+                value = reader.get(key)
+                if value is not None:
+                    check_whole(key, value)
+                    seen += 1
+            reader.set("after kill", kill)
+            assert memory.store("shared", disk_gb=disk / GiB).get("after kill") == kill
+            reader.close()
+    assert seen > KILLS * KEYS // 4, "the writers wrote too little for the test to mean anything"
+
+
+def write_range(prefix: str, count: int) -> None:
+    s = memory.store("shared", ram_mb=1, disk_gb=1)
+    for i in range(count):
+        s.set(f"{prefix}-{i}", value_for(i, i))
+        s.set(f"both-{i % 10}", {"key": -1, "version": i * 5, "by": prefix})
+
+
+def test_two_writers_lose_no_completed_set():
+    count = 400
+    writers = [FORK.Process(target=write_range, args=(name, count)) for name in ("a", "b")]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    s = memory.store("shared", ram_mb=0, disk_gb=1)
+    for name in ("a", "b"):
+        for i in range(count):
+            value = s.get(f"{name}-{i}")
+            assert value is not None, f"{name}-{i} was lost"
+            check_whole(i, value)
+    assert {s.get(f"both-{i}")["by"] for i in range(10)} <= {"a", "b"}
+    assert len(s) == 2 * count + 10
+
+
+def read_and_check(seconds: float, results) -> None:
+    s = memory.store("shared", ram_mb=0.05, disk_gb=1)
+    reads = hits = 0
+    deadline = time.monotonic() + seconds
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        while time.monotonic() < deadline:
+            key = reads % KEYS
+            value = s.get(key)
+            if value is not None:
+                check_whole(key, value)
+                hits += 1
+            reads += 1
+    results.put((reads, hits))
+
+
+def write_for(seconds: float) -> None:
+    s = memory.store("shared", ram_mb=1, disk_gb=8 * MiB / GiB)
+    version = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        s.set(version % KEYS, value_for(version % KEYS, version))
+        version += 1
+
+
+def test_a_reader_never_sees_a_half_written_value():
+    results = FORK.Queue()
+    procs = [FORK.Process(target=write_for, args=(1.5,)),
+             FORK.Process(target=read_and_check, args=(1.5, results)),
+             FORK.Process(target=read_and_check, args=(1.5, results))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=30)
+    assert [p.exitcode for p in procs] == [0, 0, 0], "a reader failed its checks (see its traceback above)"
+    counts = [results.get(timeout=5) for _ in range(2)]
+    assert all(hits > 100 for _, hits in counts), counts

@@ -1,0 +1,199 @@
+"""Files changed outside the library are never unpickled: they read as misses, are removed, and a warning names them."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import apsi_memory as memory
+from apsi_memory import signing
+from apsi_memory.errors import TamperWarning
+
+PICKLED_FILE_VALUE = {"payload": "x" * 40_000}  # over 16 KiB: its own .pkl file
+INLINE_VALUE = {"small": list(range(10))}  # stored inside the journal
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
+    return tmp_path
+
+
+def data_file(s: memory.Store, key) -> str:
+    from apsi_memory.store import encode_key
+
+    return os.path.join(s.folder, "data", s._index.entries[encode_key(key)].name)
+
+
+def fresh(name: str = "t") -> memory.Store:
+    """A new handle with an empty RAM tier, as after a restart: every get reads the SSD."""
+    return memory.store(name, ram_mb=0)
+
+
+def assert_miss_removed_and_named(s: memory.Store, key, path: str) -> None:
+    with pytest.warns(TamperWarning, match=os.path.basename(path)):
+        assert s.get(key, "miss") == "miss"
+    assert key not in s
+    assert key not in fresh(), "the removal must reach every process (a journal record)"
+    if not path.endswith("index"):
+        assert not os.path.exists(path)
+
+
+def flip_byte(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize("where", [0, 100, -40, -1])
+def test_a_flipped_byte_in_a_pickle_file(where):
+    s = memory.store("t")
+    s.set("k", PICKLED_FILE_VALUE)
+    s.set("other", 1)
+    path = data_file(s, "k")
+    flip_byte(path, where % os.path.getsize(path))
+    assert_miss_removed_and_named(fresh(), "k", path)
+    assert fresh().get("other") == 1
+
+
+def test_a_flipped_byte_in_an_inline_value_inside_the_journal():
+    s = memory.store("t")
+    s.set("before", 1)
+    s.set("k", INLINE_VALUE)
+    s.set("after", 2)
+    entry = s._index.entries[b"sk"]
+    flip_byte(os.path.join(s.folder, "index"), entry.offset + 5)
+    assert_miss_removed_and_named(fresh(), "k", os.path.join(s.folder, "index"))
+    assert fresh().get("before") == 1 and fresh().get("after") == 2
+
+
+@pytest.mark.parametrize("value", [np.arange(10.0), np.arange(10_000.0), np.arange(100_000.0)],
+                         ids=["inline array", "array file", "mapped array"])
+def test_a_flipped_byte_in_an_array_header_or_small_array(value):
+    s = memory.store("t")
+    s.set("k", value)
+    entry = s._index.entries[b"sk"]
+    path = os.path.join(s.folder, "index") if entry.inline else data_file(s, "k")
+    flip_byte(path, (entry.offset if entry.inline else 0) + 60)  # inside the .npy header's shape
+    assert_miss_removed_and_named(fresh(), "k", path)
+
+
+def test_a_changed_number_in_a_small_array_file_is_caught():
+    s = memory.store("t")
+    s.set("k", np.arange(10_000.0))
+    path = data_file(s, "k")
+    flip_byte(path, os.path.getsize(path) - 100)
+    assert_miss_removed_and_named(fresh(), "k", path)
+
+
+@pytest.mark.parametrize("value", [PICKLED_FILE_VALUE, np.arange(10_000.0), np.arange(100_000.0)],
+                         ids=["pickle", "array file", "mapped array"])
+def test_two_swapped_files_both_read_as_misses(value):
+    s = memory.store("t")
+    s.set("a", value)
+    s.set("b", value)  # same size and shape: only the key in the signature tells them apart
+    path_a, path_b = data_file(s, "a"), data_file(s, "b")
+    os.rename(path_a, path_a + ".x")
+    os.rename(path_b, path_a)
+    os.rename(path_a + ".x", path_b)
+    reader = fresh()
+    with pytest.warns(TamperWarning):
+        assert reader.get("a") is None and reader.get("b") is None
+    assert len(fresh()) == 0
+
+
+@pytest.mark.parametrize("value", [PICKLED_FILE_VALUE, np.arange(10_000.0), np.arange(100_000.0)],
+                         ids=["pickle", "array file", "mapped array"])
+def test_a_truncated_file(value):
+    s = memory.store("t")
+    s.set("k", value)
+    path = data_file(s, "k")
+    os.truncate(path, os.path.getsize(path) // 2)
+    assert_miss_removed_and_named(fresh(), "k", path)
+
+
+class RunsCode:
+    """Unpickling this runs code: creates the marker file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_that_would_run_code_is_never_loaded(home):
+    marker = home / "it ran"
+    s = memory.store("t")
+    s.set("k", PICKLED_FILE_VALUE)
+    path = data_file(s, "k")
+    evil = pickle.dumps(RunsCode(str(marker)))
+    size = os.path.getsize(path)
+    with open(path, "wb") as f:  # same size as before, so only the signature can catch it
+        f.write(evil + b"\x00" * (size - len(evil)))
+    assert pickle.loads(evil) is not None and marker.exists()  # the payload does work when unpickled...
+    marker.unlink()
+    assert_miss_removed_and_named(fresh(), "k", path)
+    assert not marker.exists()  # ...but the store never unpickled it
+
+
+def test_an_evil_pickle_with_a_forged_signature_is_never_loaded(home):
+    """Even a file that kept the old trailer (the attacker cannot compute a new one without the key)."""
+    marker = home / "it ran"
+    s = memory.store("t")
+    s.set("k", PICKLED_FILE_VALUE)
+    path = data_file(s, "k")
+    with open(path, "rb") as f:
+        content = f.read()
+    evil = pickle.dumps(RunsCode(str(marker)))
+    body = evil + b"." * (len(content) - 32 - len(evil))
+    with open(path, "wb") as f:
+        f.write(body + content[-32:])
+    assert_miss_removed_and_named(fresh(), "k", path)
+    assert not marker.exists()
+
+
+def test_entries_written_with_another_users_key_are_not_loaded(home, monkeypatch):
+    s = memory.store("t")
+    s.set("file", PICKLED_FILE_VALUE)
+    s.set("inline", INLINE_VALUE)
+    s.close()
+    monkeypatch.setenv("APSI_HOME", str(home / "another user"))
+    other = memory.store("t", ram_mb=0)
+    assert signing.user_key() != open(home / "home" / "key", "rb").read()
+    with pytest.warns(TamperWarning):
+        assert other.get("file") is None and other.get("inline") is None
+    assert len(other) == 0
+
+
+def test_damage_inside_a_journal_record_skips_only_that_record():
+    s = memory.store("t")
+    s.set("a", 1)
+    s.set("b", 2)
+    s.set("c", 3)
+    journal = os.path.join(s.folder, "index")
+    with open(journal, "rb") as f:
+        content = f.read()
+    flip_byte(journal, content.index(b"sb") - 3)  # inside record b's key, covered by its CRC
+    with pytest.warns(TamperWarning, match="damaged"):
+        reader = fresh()
+    assert reader.get("a") == 1 and reader.get("b") is None and reader.get("c") == 3
+    reader.set("d", 4)  # the store stays writable and keeps what it had
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the damage was rewritten away once: nobody is warned again
+        assert [fresh().get(k) for k in "acd"] == [1, 3, 4]
+
+
+def test_a_missing_file_is_a_plain_miss():
+    s = memory.store("t")
+    s.set("k", PICKLED_FILE_VALUE)
+    os.unlink(data_file(s, "k"))
+    reader = fresh()
+    assert reader.get("k") is None and "k" not in reader
