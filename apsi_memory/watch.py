@@ -23,6 +23,7 @@ from . import reactions
 from .decide import Level
 
 Reading = Any  # api.Pressure; anything with a ``.level``
+POLL_SECONDS = 0.1
 
 
 def next_call(level_now: Level, threshold: Level, last_call: float | None, now: float,
@@ -54,7 +55,8 @@ class Watcher:
         self.repeat = repeat
         self.read = read or _read_pressure
         self.clock = clock
-        self.calls = 0
+        self.checks = 0  # readings taken
+        self.calls = 0  # calls of fn
         self._last_call: float | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"apsi-on-pressure-{self.level}", daemon=True)
@@ -66,6 +68,7 @@ class Watcher:
     def check(self) -> bool:
         """One reading: call ``fn`` if it is due. Returns whether it was called."""
         reading = self.read()
+        self.checks += 1
         call, self._last_call = next_call(reading.level, self.level, self._last_call, self.clock(), self.repeat)
         if call:
             self.calls += 1
@@ -73,15 +76,24 @@ class Watcher:
         return call
 
     def _run(self) -> None:
+        next_check = self.clock()
         while not self._stopped.is_set():
-            try:
-                self.check()
-            except Exception:  # the watcher must outlive a failing callback; the error is still shown
-                threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))
-            self._stopped.wait(self.every)
+            if self.clock() >= next_check:
+                self._check_and_report()
+                next_check = self.clock() + self.every
+            # Deadlines are kept on the injected clock; short real waits let a test's clock drive the loop and
+            # let stop() end it within POLL_SECONDS.
+            self._stopped.wait(min(max(next_check - self.clock(), 0.0), POLL_SECONDS))
+
+    def _check_and_report(self) -> None:
+        try:
+            self.check()
+        except Exception:  # the watcher must outlive a failing callback; the error is still shown
+            threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))
 
     def stop(self, timeout: float = 5.0) -> None:
-        """End the watcher; returns once its thread has finished (at most ``timeout`` seconds while ``fn`` runs)."""
+        """End the watcher; returns once its thread has finished (within ``POLL_SECONDS``, unless ``fn`` is
+        running: then at most ``timeout`` seconds)."""
         self._stopped.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
