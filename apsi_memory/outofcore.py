@@ -35,7 +35,7 @@ import numpy as np
 import numpy.lib.format as npy_format
 
 from .errors import ChunkError, CorruptFileError
-from .units import MiB
+from .units import KiB, MiB
 
 PAGE = mmap.PAGESIZE
 # A block of about this many bytes when the caller gives no ``rows``: large enough that the per-block system calls
@@ -48,6 +48,7 @@ RESIDENCY_AHEAD_BYTES = 64 * MiB
 FOLIO_PAGES = 2 * MiB // PAGE
 # Written pages released but perhaps not yet on the disk may add up to this before we wait for the disk.
 WRITE_BEHIND_BYTES = 64 * MiB
+DEFAULT_READ_AHEAD_BYTES = 128 * KiB
 
 
 # -- pure: rows and blocks -----------------------------------------------------------------------------------------
@@ -279,6 +280,7 @@ class Pages:
         self._residency = Residency(page_floor(max(first_row, region.start)) // PAGE)
         self._fd = _open_for_advice(region)
         self._write_behind = WriteBehind(WRITE_BEHIND_BYTES)
+        self._read_ahead_piece = read_ahead_window(self._fd)
 
     def note(self, end: int) -> None:
         """Note which pages up to ``end`` (and well beyond) are in the page cache before we touch them: the
@@ -292,8 +294,9 @@ class Pages:
         """Have the kernel read ``[start, end)`` in the background now."""
         self.note(end)
         start, end = self._clip(page_floor(start), page_ceil(end))
-        if end > start:
-            _madvise(start, end - start, mmap.MADV_WILLNEED)
+        # The kernel reads at most one read-ahead window per request and ignores the rest: ask window by window.
+        for piece in range(start, end, self._read_ahead_piece):
+            _madvise(piece, min(self._read_ahead_piece, end - piece), mmap.MADV_WILLNEED)
 
     def release(self, span: tuple[int, int] | None) -> None:
         if span is None:
@@ -326,6 +329,19 @@ class Pages:
             for due in self._write_behind.add(offset, length):
                 _write_out(self._fd, *due)
                 os.posix_fadvise(self._fd, *due, os.POSIX_FADV_DONTNEED)
+
+
+def read_ahead_window(fd: int | None) -> int:
+    """The most the kernel reads for one read-ahead request on this file's device (``read_ahead_kb`` of its
+    backing device); 128 KiB, the kernel's default, where that cannot be read."""
+    if fd is None:
+        return DEFAULT_READ_AHEAD_BYTES
+    try:
+        device = os.fstat(fd).st_dev
+        with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
+            return max(DEFAULT_READ_AHEAD_BYTES, page_floor(int(f.read()) * KiB))
+    except (OSError, ValueError):
+        return DEFAULT_READ_AHEAD_BYTES
 
 
 def _write_out(fd: int, offset: int, length: int) -> None:
