@@ -36,8 +36,9 @@ import gc
 import logging
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from .decide import halve_batch
 from .errors import BatchTooSmallError

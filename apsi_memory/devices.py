@@ -36,9 +36,10 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterable, Sequence, Union
+from typing import Any
 
 from . import api
 from .units import GiB, fmt_gb, parse_size
@@ -79,7 +80,7 @@ class Cpu:
         return dataclasses.asdict(self)
 
 
-Device = Union[Cpu, Gpu]
+Device = Cpu | Gpu
 
 
 class Devices(tuple):  # type: ignore[type-arg]
@@ -124,7 +125,7 @@ def gpus(*, import_frameworks: bool = True) -> list[Gpu]:
     """Every GPU the program can use, by framework index; ``[]`` without GPU libraries. Never raises."""
     try:
         return _read_gpus(import_frameworks)
-    except Exception:  # noqa: BLE001 - a broken driver or library must read as "no GPU", never break status()
+    except Exception:  # a broken driver or library must read as "no GPU", never break status()
         log.debug("could not read the GPUs", exc_info=True)
         return []
 
@@ -290,7 +291,7 @@ class _Cupy:
         return int(self.cupy.get_default_memory_pool().free_bytes())
 
 
-Framework = Union[_Torch, _Cupy]
+Framework = _Torch | _Cupy
 _FRAMEWORKS: tuple[tuple[str, Callable[[ModuleType], Framework]], ...] = (("torch", _Torch), ("cupy", _Cupy))
 
 

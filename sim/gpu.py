@@ -29,8 +29,9 @@ import importlib.util
 import os
 import sys
 import types
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TypeVar
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -57,7 +58,7 @@ class FakeGpu:
 class Block:
     """Device memory handed out by a pool; returned to the pool's cache when no longer referenced."""
 
-    def __init__(self, pool: "CachingPool", size: int) -> None:
+    def __init__(self, pool: CachingPool, size: int) -> None:
         self.pool = pool
         self.size = size
 
@@ -69,7 +70,7 @@ class Block:
 class CachingPool:
     """One framework's caching allocator on one device."""
 
-    machine: "FakeGpuMachine"
+    machine: FakeGpuMachine
     physical: int
     allocated: int = 0
     cached: list[int] = field(default_factory=list)
@@ -111,7 +112,7 @@ class FakeGpuMachine:
     driver_loaded: bool = True
 
     @classmethod
-    def of(cls, *capacities_gb: float, name: str = "NVIDIA Fake A100", context_bytes: int = 0) -> "FakeGpuMachine":
+    def of(cls, *capacities_gb: float, name: str = "NVIDIA Fake A100", context_bytes: int = 0) -> FakeGpuMachine:
         devices = [FakeGpu(name, int(gb * GiB), f"GPU-{i:08x}-0000-4000-8000-{i:012x}")
                    for i, gb in enumerate(capacities_gb)]
         return cls(devices, context_bytes)
@@ -230,6 +231,9 @@ class FakeTensor:
         self.device = device
         self.nbytes = block.size
 
+    def numel(self) -> int:
+        return self.nbytes // _DTYPE_SIZES[self.dtype.replace("torch.", "")]
+
 
 # -- torch ---------------------------------------------------------------------------------------------------------
 
@@ -334,7 +338,7 @@ CupyOutOfMemoryError.__module__ = "cupy.cuda.memory"
 class _FakeCupyPool:
     """``cupy.get_default_memory_pool()``: one caching pool per device; the methods act on the current one."""
 
-    def __init__(self, owner: "_FakeCupy") -> None:
+    def __init__(self, owner: _FakeCupy) -> None:
         self.owner = owner
         self.pools: dict[int, CachingPool] = {}
 
@@ -383,7 +387,7 @@ class _FakeCupy:
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         return FakeTensor(block, dims, str(dtype), f"cuda:{self.current}")
 
-    def device(self, index: int) -> "_FakeCupyDevice":
+    def device(self, index: int) -> _FakeCupyDevice:
         return _FakeCupyDevice(self, index)
 
     def get_device_properties(self, index: int) -> dict[str, object]:
@@ -425,6 +429,9 @@ class _FakeCupy:
         return cupy
 
 
+_Device = TypeVar("_Device", bound="_FakeCupyDevice")
+
+
 class _FakeCupyDevice:
     def __init__(self, owner: _FakeCupy, index: int) -> None:
         self.owner = owner
@@ -434,7 +441,7 @@ class _FakeCupyDevice:
     def use(self) -> None:
         self.owner.current = self.id
 
-    def __enter__(self) -> "_FakeCupyDevice":
+    def __enter__(self: _Device) -> _Device:  # noqa: PYI019 - typing.Self is Python 3.11+
         self._previous.append(self.owner.current)
         self.use()
         return self

@@ -4,16 +4,24 @@ CUDA_VISIBLE_DEVICES, free memory counting our own caching pools, and no CUDA co
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import apsi_memory as memory
 import sim.tree
 from apsi_memory import api
-from apsi_memory.devices import (Gpu, NvmlGpu, canonical_uuid, choose_device, cuda_visible, gpus, gpus_from_nvml,
-                                 usable_free)
-from sim.gpu import GiB, FakeGpu, FakeGpuMachine
+from apsi_memory.devices import (
+    Gpu,
+    NvmlGpu,
+    canonical_uuid,
+    choose_device,
+    cuda_visible,
+    gpus,
+    gpus_from_nvml,
+    usable_free,
+)
+from sim.gpu import FakeGpu, FakeGpuMachine, GiB
 from sim.tree import SimTree
 
 

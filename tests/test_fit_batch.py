@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,15 @@ import pytest
 import apsi_memory as memory
 from apsi_memory.batch import Oom, next_batch, oom_kind
 from apsi_memory.reactions import register, unregister
-from sim.gpu import MiB, CupyOutOfMemoryError, FakeGpuMachine, TorchOutOfMemoryError, XlaRuntimeError
+from sim.gpu import (
+    CupyOutOfMemoryError,
+    FakeGpuMachine,
+    MiB,
+    TorchOutOfMemoryError,
+    XlaRuntimeError,
+)
+
+Fakes = tuple[FakeGpuMachine, dict[str, Any]]  # a fake GPU machine and its installed modules, by name
 
 # -- every kind of out-of-memory the issue names, each as its library raises it ------------------------------------
 
@@ -208,7 +217,7 @@ def test_gpu_out_of_memory_leaves_ram_caches_alone(ram_cache: _RamCache) -> None
 # -- on fake GPUs: memory is really given back before the next try -------------------------------------------------
 
 @pytest.fixture
-def gpu() -> Iterator[tuple[FakeGpuMachine, dict]]:
+def gpu() -> Iterator[Fakes]:
     """One 1000 MiB device with fake torch and cupy installed."""
     machine = FakeGpuMachine.of(1000 * MiB / (1 << 30))
     with machine.installed("torch", "cupy") as modules:
@@ -220,7 +229,7 @@ def _two_activations(torch: object) -> Callable[[int], int]:
     def step(batch: int) -> int:
         first = torch.empty(batch * MiB, dtype="uint8", device="cuda:0")  # type: ignore[attr-defined]
         second = torch.empty(batch * MiB, dtype="uint8", device="cuda:0")  # type: ignore[attr-defined]
-        return first.nbytes + second.nbytes
+        return int(first.nbytes + second.nbytes)
     return step
 
 
@@ -232,14 +241,14 @@ def _naive_fit(step: Callable[[int], int], batch: int) -> tuple[int, int]:
         return _naive_fit(step, batch // 2)
 
 
-def test_the_fake_reproduces_the_traceback_pitfall(gpu: tuple[FakeGpuMachine, dict]) -> None:
+def test_the_fake_reproduces_the_traceback_pitfall(gpu: Fakes) -> None:
     _, modules = gpu
     # 512 + 512 > 1000. Retried inside except, every failed try's first activation is still referenced by its
     # traceback (512, then 256, 128, ...), so every smaller try fails too, down to an empty batch.
     assert _naive_fit(_two_activations(modules["torch"]), 512)[1] == 0
 
 
-def test_fit_batch_retries_after_the_failed_try_is_freed(gpu: tuple[FakeGpuMachine, dict]) -> None:
+def test_fit_batch_retries_after_the_failed_try_is_freed(gpu: Fakes) -> None:
     _, modules = gpu
     torch = modules["torch"]
     used, batch = memory.fit_batch(_two_activations(torch), 512)
@@ -247,7 +256,7 @@ def test_fit_batch_retries_after_the_failed_try_is_freed(gpu: tuple[FakeGpuMachi
     assert torch.cuda.memory_allocated(0) == 0  # nothing of the failed tries is left
 
 
-def test_memory_is_freed_even_when_something_keeps_the_exception(gpu: tuple[FakeGpuMachine, dict]) -> None:
+def test_memory_is_freed_even_when_something_keeps_the_exception(gpu: Fakes) -> None:
     _, modules = gpu
     kept: list[BaseException] = []  # a logging handler or debugger holding on to the error
     two = _two_activations(modules["torch"])
@@ -263,7 +272,7 @@ def test_memory_is_freed_even_when_something_keeps_the_exception(gpu: tuple[Fake
     assert len(kept) == 1 and "CUDA out of memory" in str(kept[0])
 
 
-def test_tensors_in_reference_cycles_are_collected_before_the_retry(gpu: tuple[FakeGpuMachine, dict]) -> None:
+def test_tensors_in_reference_cycles_are_collected_before_the_retry(gpu: Fakes) -> None:
     _, modules = gpu
     torch = modules["torch"]
 
@@ -275,27 +284,27 @@ def test_tensors_in_reference_cycles_are_collected_before_the_retry(gpu: tuple[F
     assert memory.fit_batch(step, 512)[1] == 256
 
 
-def test_gpu_caches_of_other_frameworks_are_emptied(gpu: tuple[FakeGpuMachine, dict]) -> None:
+def test_gpu_caches_of_other_frameworks_are_emptied(gpu: Fakes) -> None:
     _, modules = gpu
     torch, cupy = modules["torch"], modules["cupy"]
     leftover = torch.empty(900 * MiB, dtype="uint8", device="cuda:0")
     del leftover  # freed, but torch's pool keeps the 900 MiB reserved; CuPy cannot reach them
 
     def cupy_step(batch: int) -> int:
-        return cupy.empty(batch * MiB, dtype="uint8").nbytes
+        return int(cupy.empty(batch * MiB, dtype="uint8").nbytes)
 
     assert memory.fit_batch(cupy_step, 512) == (256 * MiB, 256)
     assert torch.cuda.memory_reserved(0) == 0
 
 
-def test_cupy_out_of_memory_halves_and_frees_its_pools(gpu: tuple[FakeGpuMachine, dict]) -> None:
+def test_cupy_out_of_memory_halves_and_frees_its_pools(gpu: Fakes) -> None:
     _, modules = gpu
     cupy = modules["cupy"]
 
     def step(batch: int) -> int:
         held = cupy.empty(batch * MiB, dtype="uint8")
         more = cupy.empty(batch * MiB, dtype="uint8")
-        return held.nbytes + more.nbytes
+        return int(held.nbytes + more.nbytes)
 
     assert memory.fit_batch(step, 1024) == (512 * MiB, 256)
     assert cupy.get_default_pinned_memory_pool().emptied == 2  # once after each failed try
@@ -307,6 +316,7 @@ def test_fit_batch_never_imports_a_gpu_framework() -> None:
         assert sys.modules["torch"] is None and sys.modules["cupy"] is None
 
 
+@pytest.mark.torch
 def test_real_torch_cpu_allocator_failure_is_recovered() -> None:
     torch = pytest.importorskip("torch")
 

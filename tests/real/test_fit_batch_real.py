@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -65,8 +66,9 @@ print(json.dumps({"batch": batch, "result": result, "errors": errors}))
 """
 
 
-def run_child(library: str, how: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, library, how], capture_output=True, text=True, timeout=120)
+def run_child(library: str, how: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", CHILD, library, how], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -78,6 +80,7 @@ def test_numpy_memory_error_is_recovered() -> None:
     assert all(e.startswith("MemoryError: Unable to allocate") for e in out["errors"])
 
 
+@pytest.mark.torch
 def test_torch_cpu_allocator_failure_is_recovered() -> None:
     pytest.importorskip("torch")
     out = run_child("torch", "fit_batch")
