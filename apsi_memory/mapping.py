@@ -39,10 +39,11 @@ BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
 def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,  # noqa: A001
         rows: int | None = None, workers: int | None = None, *, progress: bool = False) -> np.ndarray:
     """``fn`` applied to each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy``
-    path), the results stacked into a new ``memory.array``. See the module docstring for the rules."""
+    path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight
+    hold about 32 MB of input. See the module docstring for the rules."""
     source = resolve_source(x)
-    block_rows = rows_per_block(source.row_bytes(), rows)
     n_workers = _default_workers() if workers is None else positive_count(workers, "workers", "a number of threads")
+    block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
     array = source.open()
     spans = block_spans(len(array), block_rows) or [(0, 0)]
     inputs = BlockPages(array, spans)

@@ -47,15 +47,15 @@ RESIDENCY_AHEAD_BYTES = 64 * MiB
 # The largest page-cache folio (a PMD: 2 MiB on x86-64 and arm64 with 4 KiB pages), in pages.
 FOLIO_PAGES = 2 * MiB // PAGE
 # Written pages released but perhaps not yet on the disk may add up to this before we wait for the disk.
-WRITE_BEHIND_BYTES = 64 * MiB
+WRITE_BEHIND_BYTES = 16 * MiB
 DEFAULT_READ_AHEAD_BYTES = 128 * KiB
 
 
 # -- pure: rows and blocks -----------------------------------------------------------------------------------------
 
-def rows_per_block(row_bytes: int, rows: object) -> int:
-    """``rows`` checked, or the default for rows of ``row_bytes`` bytes when it is ``None``."""
-    return default_rows(row_bytes) if rows is None else check_rows(rows)
+def rows_per_block(row_bytes: int, rows: object, blocks_in_flight: int = 1) -> int:
+    """``rows`` checked, or (when it is ``None``) the default for rows of ``row_bytes`` bytes."""
+    return default_rows(row_bytes, blocks_in_flight) if rows is None else check_rows(rows)
 
 
 def check_rows(rows: object) -> int:
@@ -71,9 +71,10 @@ def positive_count(value: object, name: str, meaning: str) -> int:
     return int(value)
 
 
-def default_rows(row_bytes: int) -> int:
-    """Rows per block for blocks of about ``DEFAULT_BLOCK_BYTES``; at least one row."""
-    return max(1, DEFAULT_BLOCK_BYTES // max(1, row_bytes))
+def default_rows(row_bytes: int, blocks_in_flight: int = 1) -> int:
+    """Rows per block so that ``blocks_in_flight`` blocks together hold about ``DEFAULT_BLOCK_BYTES`` (``map``
+    keeps two per worker in flight: many cores get smaller blocks, not more memory); at least one row."""
+    return max(1, DEFAULT_BLOCK_BYTES // max(1, blocks_in_flight) // max(1, row_bytes))
 
 
 def block_spans(n_rows: int, rows: int) -> list[tuple[int, int]]:

@@ -24,6 +24,11 @@ def test_default_rows_make_blocks_of_about_32_mb_and_at_least_one_row() -> None:
     assert default_rows(0) == DEFAULT_BLOCK_BYTES  # zero-byte rows (an empty inner dimension)
 
 
+def test_default_rows_share_the_32_mb_among_the_blocks_in_flight() -> None:
+    assert default_rows(32, blocks_in_flight=4) == DEFAULT_BLOCK_BYTES // 4 // 32
+    assert default_rows(DEFAULT_BLOCK_BYTES, blocks_in_flight=32) == 1
+
+
 @pytest.mark.parametrize("rows", [0, -1, 2.5, 1e6, True, "10", None])
 def test_check_rows_names_what_was_passed(rows: object) -> None:
     with pytest.raises(ChunkError, match="rows must be") as info:

@@ -124,6 +124,19 @@ def test_bad_workers_fail_at_the_call(spill: Path, workers: object) -> None:
         memory.map(lambda b: b, np.zeros(10), rows=2, workers=workers)  # type: ignore[arg-type]
 
 
+def test_without_rows_the_blocks_in_flight_hold_about_32_mb_together(spill: Path) -> None:
+    sizes: list[int] = []
+    lock = threading.Lock()
+
+    def fn(b: np.ndarray) -> np.ndarray:
+        with lock:
+            sizes.append(len(b))
+        return b
+
+    memory.map(fn, np.zeros((1_000_000, 8), np.float32), workers=2)  # 32 MB; 2 workers keep 4 blocks in flight
+    assert max(sizes) == 8 * 1024 * 1024 // 32 and sum(sizes) == 1_000_000
+
+
 def test_bad_rows_fail_before_fn_runs(spill: Path) -> None:
     calls: list[int] = []
     with pytest.raises(ChunkError, match="rows must be"):
