@@ -16,6 +16,8 @@ with its ordinary ``import``. What they model, because the library's behaviour d
 * ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUID prefixes, enumeration stops at the first invalid or repeated
   entry), read when a framework module is installed, as CUDA reads it at initialisation. NVML ignores it and
   lists every physical device, as the real NVML does;
+* the driver's kernel files (``write_driver_files``), by which the library decides whether importing a framework
+  could find a GPU at all;
 * CUDA contexts: a framework creates one on a device the first time it allocates or asks the driver for free
   memory there (``context_bytes`` each, counted as used); NVML never does.
 """
@@ -31,6 +33,7 @@ import sys
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 MiB = 1 << 20
@@ -133,6 +136,17 @@ class FakeGpuMachine:
     def open_context(self, physical: int) -> None:
         if not self.gpus[physical].contexts:
             self.gpus[physical].contexts = 1
+
+    def write_driver_files(self, root: str | os.PathLike[str]) -> None:
+        """What a loaded NVIDIA driver shows under ``root`` (a ``sim.tree`` root): the control device node and
+        one ``/proc/driver/nvidia/gpus/<PCI address>`` folder per GPU."""
+        base = Path(root)
+        (base / "dev").mkdir(parents=True, exist_ok=True)
+        (base / "dev" / "nvidiactl").touch()
+        for i, gpu in enumerate(self.gpus):
+            folder = base / "proc" / "driver" / "nvidia" / "gpus" / f"0000:{i + 1:02x}:00.0"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "information").write_text(f"Model: \t\t {gpu.name}\nGPU UUID: \t {gpu.uuid}\n")
 
     def contexts(self) -> int:
         return sum(gpu.contexts for gpu in self.gpus)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from apsi_memory.devices import (
     canonical_uuid,
     choose_device,
     cuda_visible,
+    gpu_driver_present,
     gpus,
     gpus_from_nvml,
     usable_free,
@@ -115,14 +117,43 @@ def test_nvml_is_asked_before_importing_a_framework(three: FakeGpuMachine) -> No
     assert {g.backend for g in found} == {"nvml"} and three.contexts() == 0
 
 
-def test_an_installed_framework_is_imported_when_nothing_else_answers(three: FakeGpuMachine) -> None:
+def test_an_installed_framework_is_imported_when_nothing_else_answers(three: FakeGpuMachine,
+                                                                      machine: Callable[..., SimTree]) -> None:
     import sys
 
+    three.write_driver_files(machine(sim.tree.host).root)
     with three.installed("torch", imported=False):
         assert gpus(import_frameworks=False) == [] and "torch" not in sys.modules
         found = gpus()
         assert "torch" in sys.modules
     assert len(found) == 3 and {g.backend for g in found} == {"torch"}
+
+
+def test_no_framework_is_imported_where_the_kernel_shows_no_gpu_driver(three: FakeGpuMachine,
+                                                                        machine: Callable[..., SimTree]) -> None:
+    import sys
+
+    machine(sim.tree.host)  # a machine without /dev/nvidiactl: importing torch could only find the CPU
+    with three.installed("torch", "cupy", imported=False):
+        assert gpus() == [] and memory.best_device(0) == "cpu"
+        assert "torch" not in sys.modules and "cupy" not in sys.modules
+
+
+@pytest.mark.parametrize("platform, files, present", [
+    ("linux", [], False),
+    ("linux", ["dev/nvidiactl"], True),
+    ("linux", ["proc/driver/nvidia/gpus/0000:01:00.0/information"], True),
+    ("linux", ["dev/kfd"], True),
+    ("linux", ["dev/dxg"], True),
+    ("linux", ["dev/null", "proc/driver/other"], False),
+    ("darwin", ["dev/nvidiactl"], False),
+    ("win32", [], True),
+])
+def test_gpu_driver_files(tmp_path: Path, platform: str, files: list[str], present: bool) -> None:
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    assert gpu_driver_present(platform, str(tmp_path)) is present
 
 
 def test_torch_in_use_counts_its_cached_memory_as_free(three: FakeGpuMachine) -> None:
