@@ -60,22 +60,34 @@ class ArrayRecord(NamedTuple):
 
 class _Tracked(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to the object that holds an array's memory (the mmap, or a small array itself), carrying
-    what ``report`` and ``free`` need. One object per array keeps the small-array path cheap."""
+    what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
+    what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("key", "record", "array", "address", "length", "freed")
+    __slots__ = ("key", "shape", "dtype", "place", "path", "array", "address", "length", "freed")
 
     def __new__(cls, owner: Any, *_: Any) -> _Tracked:
         return super().__new__(cls, owner, _forget)
 
-    def __init__(self, owner: Any, record: ArrayRecord, x: np.ndarray, address: int, length: int) -> None:
+    def __init__(self, owner: Any, x: np.ndarray, place: Place, path: str | None = None, address: int = 0,
+                 length: int = 0) -> None:
         super().__init__(owner, _forget)
         self.key = id(owner)
-        self.record = record
+        self.shape: tuple[int, ...] = x.shape
+        self.dtype = x.dtype
+        self.place = place
+        self.path = path
         # Holding the returned array strongly would keep the memory alive; a small array is its own owner.
         self.array: Any = self if x is owner else weakref.ref(x)
-        self.address = address
+        self.address = address  # the pages to give back on free (0, 0 for a small array: NumPy's allocation)
         self.length = length
         self.freed = False
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes_of(self.shape, self.dtype)
+
+    def record(self) -> ArrayRecord:
+        return ArrayRecord(self.shape, self.dtype, self.nbytes, self.place, self.path)
 
 
 _tracked: dict[int, _Tracked] = {}  # by id(owner); entries leave when the owner is garbage-collected
@@ -129,9 +141,10 @@ def array(shape: int | Sequence[int], dtype: Any = "float64") -> np.ndarray:
     dims, kind = normalize_shape(shape), normalize_dtype(dtype)
     nbytes = nbytes_of(dims, kind)
     if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
-        return _small(dims, kind, nbytes)
-    where = place(nbytes, *_budget_left_and_level())
-    return _spilled(dims, kind, nbytes) if where is Place.SSD else _big_in_ram(dims, kind, nbytes)
+        return _small(dims, kind)
+    if place(nbytes, *_budget_left_and_level()) is Place.SSD:
+        return _spilled(dims, kind)
+    return _big_in_ram(dims, kind, nbytes)
 
 
 def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int) -> int:
@@ -148,12 +161,11 @@ def _budget_left_and_level() -> tuple[int, Level]:
     return budget_left(reading.budget_bytes, ledger.held(), reading.free_bytes), level
 
 
-def _small(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+def _small(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """NumPy's own allocation, listed by ``report`` but not counted in the ledger: the budget is for big arrays,
     and the kernel already counts small ones as used like any other allocation."""
     x = np.zeros(shape, dtype)
-    entry = _Tracked(x, ArrayRecord(shape, dtype, nbytes, Place.RAM, None), x, 0, 0)
-    _tracked[entry.key] = entry  # one dict store: atomic under the GIL, no lock needed
+    _remember(_Tracked(x, x, Place.RAM))
     return x
 
 
@@ -169,24 +181,22 @@ def anonymous_memory(nbytes: int) -> mmap.mmap:
 def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
     buffer = anonymous_memory(nbytes)
     x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
-    _track(buffer, x, ArrayRecord(shape, dtype, nbytes, Place.RAM, None), x.ctypes.data, len(buffer))
+    _remember(_Tracked(buffer, x, Place.RAM, None, x.ctypes.data, len(buffer)))
+    ledger.add(nbytes)
     return x
 
 
-def _spilled(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.memmap:
+def _spilled(shape: tuple[int, ...], dtype: np.dtype) -> np.memmap:
     x = spill.create(shape, dtype)
     mapping = x._mmap  # numpy.memmap's own mmap: the owner of the pages
     # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
     start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY
-    _track(mapping, x, ArrayRecord(shape, dtype, nbytes, Place.SSD, str(x.filename)), start, len(mapping))
+    _remember(_Tracked(mapping, x, Place.SSD, str(x.filename), start, len(mapping)))
     return x
 
 
-def _track(owner: Any, x: np.ndarray, record: ArrayRecord, address: int, length: int) -> None:
-    entry = _Tracked(owner, record, x, address, length)
-    _tracked[entry.key] = entry
-    if record.place is Place.RAM:
-        ledger.add(record.nbytes)
+def _remember(entry: _Tracked) -> None:
+    _tracked[entry.key] = entry  # one dict store: atomic under the GIL, no lock needed
 
 
 def _forget(entry: _Tracked) -> None:
@@ -200,15 +210,15 @@ def _forget(entry: _Tracked) -> None:
 def _give_back(entry: _Tracked, release: bool) -> None:
     if entry.length == 0:
         return  # a small array: NumPy's allocation, not in the ledger (see _small)
-    if entry.record.place is Place.RAM:
-        ledger.remove(entry.record.nbytes)
+    if entry.place is Place.RAM:
+        ledger.remove(entry.nbytes)
         if release:
             spill.detach(entry.address, entry.length)
-    elif entry.record.path is not None:
+    elif entry.path is not None:
         if release:
-            spill.release(entry.record.path, entry.address, entry.length)
+            spill.release(entry.path, entry.address, entry.length)
         else:
-            spill.delete(entry.record.path)
+            spill.delete(entry.path)
 
 
 # -- free, on_disk, report ---------------------------------------------------------------------------------------
@@ -252,7 +262,7 @@ def on_disk(x: np.ndarray) -> bool:
     """Whether ``x`` lives in a file (a spill file, or any ``numpy.memmap``) rather than RAM."""
     entry = _find(x)
     if entry is not None:
-        return entry.record.place is Place.SSD
+        return entry.place is Place.SSD
     obj: Any = x
     while isinstance(obj, np.ndarray):
         if isinstance(obj, np.memmap):
@@ -263,4 +273,4 @@ def on_disk(x: np.ndarray) -> bool:
 
 def report() -> list[ArrayRecord]:
     """One record per live ``memory.array`` (not freed, not collected), oldest first."""
-    return [entry.record for entry in list(_tracked.values()) if not entry.freed]
+    return [entry.record() for entry in list(_tracked.values()) if not entry.freed]
