@@ -36,10 +36,17 @@ from .pool import Pool, pool
 from .watch import Watcher, on_pressure, relieve
 
 # -- chunks and map (outofcore.py) --
+# (``map`` shadows the builtin inside this namespace only: ``memory.map``)
+from .chunks import chunks
+from .mapping import map  # noqa: A004
 
 # -- store and cached (store.py, cached.py) --
+from .store import Store, allow_write, store
 
 # -- devices and fit_batch (devices.py, batch.py) --
+# (the function ``devices`` shadows the submodule attribute: use ``from apsi_memory.devices import gpus``)
+from .batch import fit_batch
+from .devices import Cpu, Devices, Gpu, best_device, devices
 
 __all__ = [
     "Budget",
@@ -63,7 +70,9 @@ __all__ = [
     "PoolError",
     "SizeError",
     "TamperWarning",
-    "parse_size",
+    # chunks and map
+    "chunks",
+    "map",
     # arrays, pool, on_pressure, relieve
     "ArrayRecord",
     "Pool",
@@ -75,4 +84,16 @@ __all__ = [
     "pool",
     "relieve",
     "report",
+    # store and cached
+    "Store",
+    "allow_write",
+    "store",
+    "parse_size",
+    # devices and fit_batch
+    "Cpu",
+    "Devices",
+    "Gpu",
+    "best_device",
+    "devices",
+    "fit_batch",
 ]
