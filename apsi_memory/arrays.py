@@ -6,9 +6,8 @@ What a user gets
   ``numpy.memmap`` (a subclass) on the SSD. NumPy code cannot tell them apart; ``on_disk(x)`` can.
 * Where it goes is ``decide.place(nbytes, budget_left, level)``, with ``budget_left`` the budget less the RAM our
   arrays already hold, capped at the memory free now, and the level from ``current_level()`` (re-measured at
-  most twice a second). Arrays under
-  ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a small ``memory.array`` costs a
-  ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
+  most twice a second). Arrays under ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a
+  small ``memory.array`` costs a ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
 * Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
   still point at them (see below).
 
@@ -70,8 +69,7 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
 
     def __init__(self, owner: Any, x: np.ndarray, place: Place, path: str | None = None, address: int = 0,
                  length: int = 0) -> None:
-        super().__init__(owner, _forget)
-        self.key = id(owner)
+        self.key = id(owner)  # (weakref.ref.__init__ only checks the arguments __new__ already took)
         self.shape: tuple[int, ...] = x.shape
         self.dtype = x.dtype
         self.place = place
@@ -100,7 +98,7 @@ def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     """``(200_000_000, 8)`` from an int or a sequence of ints; ``ValueError``/``TypeError`` naming the shape."""
     try:
         dims = (operator.index(shape),) if isinstance(shape, (int, np.integer)) else tuple(
-            map(operator.index, shape))  # type: ignore[arg-type]
+            map(operator.index, shape))
     except TypeError:
         raise TypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
     if dims and min(dims) < 0:
@@ -108,17 +106,17 @@ def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     return dims
 
 
-_dtypes: dict[Any, np.dtype] = {}  # np.dtype("float64") parses the string on every call; arrays are made often
+_dtypes: dict[Any, np.dtype[Any]] = {}  # np.dtype("float64") parses the string on every call; arrays are made often
 
 
-def normalize_dtype(dtype: Any) -> np.dtype:
+def normalize_dtype(dtype: Any) -> np.dtype[Any]:
     """The ``numpy.dtype`` for ``dtype``; ``TypeError`` naming it when it is not one or holds Python objects."""
     try:
         return _dtypes[dtype]
     except (KeyError, TypeError):  # TypeError: an unhashable spec, e.g. a list of fields
         pass
     try:
-        result = np.dtype(dtype)
+        result: np.dtype[Any] = np.dtype(dtype)
     except TypeError as exc:
         raise TypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
     if result.hasobject:
@@ -188,7 +186,7 @@ def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndar
 
 def _spilled(shape: tuple[int, ...], dtype: np.dtype) -> np.memmap:
     x = spill.create(shape, dtype)
-    mapping = x._mmap  # numpy.memmap's own mmap: the owner of the pages
+    mapping = x._mmap  # type: ignore[attr-defined]  # numpy.memmap's own mmap: the owner of the pages
     # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
     start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY
     _remember(_Tracked(mapping, x, Place.SSD, str(x.filename), start, len(mapping)))
@@ -255,7 +253,7 @@ def _make_read_only(*arrays: np.ndarray | None) -> None:
     for a in arrays:
         while isinstance(a, np.ndarray):
             a.flags.writeable = False
-            a = a.base  # type: ignore[assignment]
+            a = a.base
 
 
 def on_disk(x: np.ndarray) -> bool:

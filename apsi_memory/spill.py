@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import ctypes
 import errno
+import math
 import mmap
 import os
 import re
@@ -88,7 +89,21 @@ def owner_alive(pid: int, start: str) -> bool:
     return found is not None and (found == start or found == "0")
 
 
-_OWN_START = process_start(os.getpid()) or "0"
+_own: tuple[int, str] | None = None  # (pid, start) of this process; a fork's child has its own
+
+
+def own_owner() -> tuple[int, str]:
+    global _own
+    if _own is None or _own[0] != os.getpid():
+        _own = (os.getpid(), process_start(os.getpid()) or "0")
+    return _own
+
+
+def made_here(path: str) -> bool:
+    """Whether this process made spill file ``path``: a child forked from it inherits the parent's arrays (and
+    their finalizers) but must never delete or truncate the parent's files."""
+    owner = owner_of(os.path.basename(path))
+    return owner is not None and owner[0] == os.getpid()
 
 
 # -- reclaiming files of dead owners -----------------------------------------------------------------------------
@@ -101,7 +116,7 @@ def reclaim(directory: str, alive: Callable[[int, str], bool] = owner_alive) -> 
     """Delete the spill files in ``directory`` whose owner process is dead; returns their paths.
 
     Files not named by us, and files of live processes, are left alone."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:
@@ -140,11 +155,11 @@ def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None
     directory = paths.private_dir(os.path.abspath(directory or paths.spill_dir()))
     reclaim_once(directory)
     header = _npy_header(shape, dtype)
-    total = len(header) + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    total = len(header) + math.prod(shape) * dtype.itemsize
     free = free_bytes(directory)
     if not fits(total, free):
         raise _disk_full(directory, total, free)
-    path = os.path.join(directory, file_name(os.getpid(), _OWN_START, secrets.token_hex(6)))
+    path = os.path.join(directory, file_name(*own_owner(), secrets.token_hex(6)))
     _write_reserved(path, header, total, directory, free_bytes)
     with _live_lock:
         _live.add(path)
@@ -180,10 +195,16 @@ def _write_reserved(path: str, header: bytes, total: int, directory: str,
 
 
 def _reserve(fd: int, total: int) -> None:
+    """Reserve the blocks; where that is impossible (macOS, a filesystem without it) only extend the file — a
+    write to it can then still fail later on a full disk."""
     if hasattr(os, "posix_fallocate"):
-        os.posix_fallocate(fd, 0, total)
-    else:  # macOS: no reservation call; extend the file (writes to it can then still fail on a full disk)
-        os.ftruncate(fd, total)
+        try:
+            os.posix_fallocate(fd, 0, total)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+    os.ftruncate(fd, total)
 
 
 def _size(n_bytes: int) -> str:
@@ -200,18 +221,20 @@ def _disk_full(directory: str, needed: int, free: int) -> DiskFullError:
 # -- deleting ----------------------------------------------------------------------------------------------------
 
 def delete(path: str) -> None:
-    """Remove a spill file (it may still be mapped: its blocks are then freed when the mapping goes)."""
+    """Remove a spill file this process made (it may still be mapped: its blocks are then freed when the mapping
+    goes)."""
     with _live_lock:
         _live.discard(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+    if made_here(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def release(path: str, address: int, length: int) -> None:
     """Give the file's blocks back now, although views of its mapping may live on (see the module docstring)."""
-    if detach(address, length):
+    if detach(address, length) and made_here(path):
         with contextlib.suppress(FileNotFoundError):
-            os.truncate(path, 0)  # nothing maps it any more, so no page can fault on the lost blocks
+            os.truncate(path, 0)  # nothing here maps it any more, so no page can fault on the lost blocks
     delete(path)
 
 
@@ -239,7 +262,7 @@ def _load_libc_mmap() -> Callable[..., int | None] | None:
     function.restype = ctypes.c_void_p
     function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                          ctypes.c_long]
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 _libc_mmap = _load_libc_mmap()

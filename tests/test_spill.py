@@ -113,3 +113,23 @@ def test_release_frees_the_blocks_while_views_stay_valid(folder):
     assert os.listdir(folder) == []
     assert x.filename not in open("/proc/self/maps").read()
     assert float(view.sum()) == 0.0
+
+
+def test_a_forked_child_never_deletes_or_truncates_its_parents_files(folder):
+    import apsi_memory as memory
+
+    x = spill.create((2, MiB // 8), FLOAT64)
+    x[:] = 5.0
+    arrays_before = memory.report()
+    child = os.fork()
+    if child == 0:  # the child inherits x, its finalizer and the at-exit list: all must leave the file alone
+        try:
+            spill.release(x.filename, x.ctypes.data - x.offset, len(x._mmap))
+            spill._delete_all_at_exit()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert status == 0
+    assert os.listdir(folder) == [os.path.basename(x.filename)]
+    assert os.path.getsize(x.filename) > 2 * MiB and float(x.sum()) == 5.0 * 2 * (MiB // 8)
+    assert memory.report() == arrays_before
