@@ -204,10 +204,10 @@ class Pool:
         if not isinstance(a, np.ndarray):
             raise PoolError(f"pool.give takes an array from pool.take, not {type(a).__name__}")
         with self._lock:
-            ref, buffer = self._out.get(id(a), (None, None))
-            if ref is not None and ref() is a:
+            out = self._out.get(id(a))
+            if out is not None and out[0]() is a:
                 del self._out[id(a)]
-                return buffer  # type: ignore[return-value]
+                return out[1]
             given = self._given.get(id(a))
         if given is not None and given() is a:
             raise PoolError("this array was already given back to the pool (a buffer can be given back once)")

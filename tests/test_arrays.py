@@ -239,3 +239,22 @@ def test_bad_input_is_a_clear_error_and_keeps_what_exists(machine, shape, dtype,
     with pytest.raises(error, match=re.escape(names)):
         memory.array(shape, dtype)
     assert memory.report() == before and kept.sum() == 12
+
+
+def test_reaching_critical_on_the_allocation_path_collects_garbage_cycles(machine):
+    gc.disable()  # only the reaction may collect here
+    try:
+        before = memory.report()
+        cycle: list[object] = [memory.array(2 * MiB, "uint8")]
+        cycle.append(cycle)
+        del cycle
+        assert len(new_records(before)) == 1  # unreachable, but a cycle: still held
+        machine.at(Level.CRITICAL)
+        machine.next_measurement()
+        small = memory.array(MiB // 8 - 1)  # small: no measurement on this path
+        assert len(new_records(before)) == 2
+        big = memory.array(2 * MiB, "uint8")  # measures, sees critical, components hear it, garbage is collected
+        assert [r.shape for r in new_records(before)] == [small.shape, big.shape]
+        assert memory.on_disk(big)
+    finally:
+        gc.enable()
