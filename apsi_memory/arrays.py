@@ -5,8 +5,8 @@ What a user gets
 * Always a real ``numpy.ndarray``, zero-filled like ``numpy.zeros``: a plain ``ndarray`` in RAM, a
   ``numpy.memmap`` (a subclass) on the SSD. NumPy code cannot tell them apart; ``on_disk(x)`` can.
 * Where it goes is ``decide.place(nbytes, budget_left, level)``, with ``budget_left`` the budget less the RAM our
-  arrays already hold, capped at the memory free now, and the level from ``current_level()`` (re-measured at
-  most twice a second). Arrays under ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a
+  arrays already hold, capped at the memory free now less the pages of our arrays not written yet (see
+  ``budget_left``), and the level from ``current_level()`` (re-measured at most twice a second). Arrays under ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a
   small ``memory.array`` costs a ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
 * Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
   still point at them (see below).
@@ -140,23 +140,42 @@ def array(shape: int | Sequence[int], dtype: Any = "float64") -> np.ndarray:
     nbytes = nbytes_of(dims, kind)
     if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
         return _small(dims, kind)
-    if place(nbytes, *_budget_left_and_level()) is Place.SSD:
+    if _where(nbytes) is Place.SSD:
         return _spilled(dims, kind)
     return _big_in_ram(dims, kind, nbytes)
 
 
-def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int) -> int:
-    """What RAM a new array may still take: the budget less what our RAM arrays hold, and never more than is free
-    now (a budget set above the free memory must not put an array in RAM that cannot fit there)."""
-    return max(0, min(budget_bytes - held_bytes, free_bytes))
+def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_bytes: int) -> int:
+    """What RAM a new array may still take: the budget less what our RAM arrays hold, and never more than is
+    free once the pages of our arrays that nobody has written yet are counted as used too. (The kernel counts
+    those as free, and the default budget counts all we hold back into free; without this, arrays made before
+    they are filled could add up to more than the machine has.)"""
+    return max(0, min(budget_bytes - held_bytes, free_bytes - unwritten_bytes))
 
 
-def _budget_left_and_level() -> tuple[int, Level]:
+def _where(nbytes: int) -> Place:
+    """``place`` with the budget left. How much of our arrays is still unwritten is only looked up (one
+    ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none written"."""
     from . import api
 
     level = api.current_level()
     reading = api.limits()  # budget and free from one reading
-    return budget_left(reading.budget_bytes, ledger.held(), reading.free_bytes), level
+    held = ledger.held()
+
+    def where(unwritten: int) -> Place:
+        return place(nbytes, budget_left(reading.budget_bytes, held, reading.free_bytes, unwritten), level)
+
+    if where(0) is Place.SSD:
+        return Place.SSD
+    if where(held) is Place.RAM:
+        return Place.RAM
+    return where(held - _resident_in_ram())
+
+
+def _resident_in_ram() -> int:
+    """Bytes of our live RAM arrays that are in memory (written at least once)."""
+    entries = [e for e in list(_tracked.values()) if e.place is Place.RAM and e.length and not e.freed]
+    return sum(spill.resident(e.address, e.length) for e in entries)
 
 
 def _small(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

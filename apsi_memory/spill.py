@@ -32,7 +32,7 @@ import re
 import secrets
 import sys
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -246,26 +246,38 @@ def _delete_all_at_exit() -> None:
         delete(path)
 
 
-# -- replacing a mapping in place --------------------------------------------------------------------------------
+# -- pages: replacing a mapping in place, counting what is resident ----------------------------------------------
 
 _MAP_FIXED = 0x10  # the same value on every Linux architecture
 
 
-def _load_libc_mmap() -> Callable[..., int | None] | None:
+def _libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A C library function, or ``None`` off Linux (the flags and semantics used here are Linux's)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function = libc.mmap
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    function.restype = ctypes.c_void_p
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                         ctypes.c_long]
+    function.restype = restype
+    function.argtypes = list(argtypes)
     return function
 
 
-_libc_mmap = _load_libc_mmap()
+_libc_mmap = _libc_function("mmap", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                            ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_libc_mincore = _libc_function("mincore", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+
+def resident(address: int, length: int) -> int:
+    """Bytes of the page-aligned range that are in memory; 0 where that cannot be asked (so the caller assumes
+    nothing was written, the safe side)."""
+    if _libc_mincore is None or length <= 0:
+        return 0
+    pages = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
+    if _libc_mincore(address, length, pages.ctypes.data) != 0:
+        return 0
+    return int(np.count_nonzero(pages & 1)) * mmap.PAGESIZE
 
 
 def detach(address: int, length: int) -> bool:

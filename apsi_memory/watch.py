@@ -17,12 +17,14 @@ import gc
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import reactions
 from .decide import Level
 
-Reading = Any  # api.Pressure; anything with a ``.level``
+if TYPE_CHECKING:
+    from .api import Pressure
+
 POLL_SECONDS = 0.1
 
 
@@ -42,8 +44,8 @@ def next_call(level_now: Level, threshold: Level, last_call: float | None, now: 
 class Watcher:
     """Calls ``fn(reading)`` from a daemon thread while the pressure level is at ``level`` or above."""
 
-    def __init__(self, fn: Callable[[Reading], object], level: Level | str = Level.HIGH, every: float = 1.0,
-                 repeat: float = 10.0, read: Callable[[], Reading] | None = None,
+    def __init__(self, fn: Callable[[Pressure], object], level: Level | str = Level.HIGH, every: float = 1.0,
+                 repeat: float = 10.0, read: Callable[[], Pressure] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not callable(fn):
             raise TypeError(f"on_pressure needs a function to call, not {type(fn).__name__}")
@@ -108,13 +110,13 @@ class Watcher:
                 f"{self.calls} calls>")
 
 
-def _read_pressure() -> Reading:
+def _read_pressure() -> Pressure:
     from . import api
 
     return api.pressure()  # also tells the registered components about a change of level
 
 
-def on_pressure(fn: Callable[[Reading], object], level: Level | str = "high", every: float = 1,
+def on_pressure(fn: Callable[[Pressure], object], level: Level | str = "high", every: float = 1,
                 repeat: float = 10) -> Watcher:
     """Start a background watcher that calls ``fn(pressure)`` when the level reaches ``level`` (checked every
     ``every`` seconds), again every ``repeat`` seconds while it lasts. ``.stop()`` ends it."""
@@ -130,7 +132,7 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 _malloc_trim = _load_malloc_trim()

@@ -107,6 +107,30 @@ def test_a_budget_larger_than_free_memory_does_not_put_an_array_in_ram_that_cann
     assert not memory.on_disk(memory.array(100 * MiB, "uint8"))
 
 
+def test_arrays_not_written_yet_still_count_against_free_memory(machine):
+    # The default budget counts our RAM arrays back into "free" (70 % of free + held), but pages nobody has
+    # written yet are still free in the kernel's eyes: counting them twice let RAM arrays add up to more than
+    # the container has, and filling them would have been an OOM kill.
+    machine.use(56 * MiB)  # 200 MiB free of 256
+    in_ram = []
+    for _ in range(8):
+        x = memory.array(48 * MiB, "uint8")  # made, not written
+        if not memory.on_disk(x):
+            in_ram.append(x)
+    assert 0 < sum(x.nbytes for x in in_ram) <= 200 * MiB
+
+
+def test_written_arrays_are_counted_once(machine):
+    memory.budget("1GB")  # only free memory limits here
+    machine.use(56 * MiB)
+    written = memory.array(96 * MiB, "uint8")
+    written[:] = 1
+    machine.use((56 + 96) * MiB)  # the kernel now counts its pages as used: 104 MiB free
+    assert not memory.on_disk(written)
+    assert not memory.on_disk(memory.array(48 * MiB, "uint8"))  # 104 free, nothing of ours unwritten
+    assert memory.on_disk(memory.array(112 * MiB, "uint8"))
+
+
 @pytest.mark.parametrize("level,on_ssd", [(Level.OK, False), (Level.MODERATE, False), (Level.HIGH, True),
                                           (Level.CRITICAL, True)])
 def test_big_arrays_go_to_the_ssd_from_high_pressure_on(machine, level, on_ssd):
