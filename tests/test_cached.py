@@ -1,0 +1,208 @@
+"""@memory.cached: results survive restarts; the key covers the code and the arguments (arrays by content)."""
+
+from __future__ import annotations
+
+import mmap
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import apsi_memory as memory
+from apsi_memory.hashing import array_digest, value_digest
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
+    return tmp_path
+
+
+def test_a_second_call_with_equal_arguments_does_not_run_the_body():
+    runs = []
+
+    @memory.cached
+    def square(x, power=2):
+        runs.append(x)
+        return {"x": x ** power}
+
+    assert square(3) == {"x": 9}
+    assert square(3) == {"x": 9} and square(x=3) == {"x": 9} and square(3, power=2) == {"x": 9}
+    assert square(3, 3) == {"x": 27} and square(4) == {"x": 16}
+    assert runs == [3, 3, 4]
+
+
+def test_none_results_are_cached_too():
+    runs = []
+
+    @memory.cached
+    def nothing(x):
+        runs.append(x)
+
+    assert nothing(1) is None and nothing(1) is None
+    assert runs == [1]
+
+
+def test_arrays_are_keyed_by_content_and_results_come_back_read_only():
+    runs = []
+
+    @memory.cached
+    def double(a):
+        runs.append(1)
+        return a * 2
+
+    a = np.arange(100_000, dtype=np.float32)
+    np.testing.assert_array_equal(double(a), a * 2)
+    again = double(a.copy())  # equal content, another object: a hit
+    assert len(runs) == 1 and not again.flags.writeable
+    b = a.copy()
+    b[-1] = -1
+    double(b)  # one element differs: a miss
+    double(a.astype(np.float64))  # same values, another dtype: a miss
+    double(a.reshape(1000, 100))  # same bytes, another shape: a miss
+    assert len(runs) == 4
+
+
+def test_results_survive_a_restart_and_big_arrays_come_back_memory_mapped(home, tmp_path):
+    module = tmp_path / "work.py"
+    module.write_text(textwrap.dedent("""
+        import numpy as np
+        import apsi_memory as memory
+
+        @memory.cached
+        def features(n):
+            print("computed", flush=True)
+            return np.arange(n, dtype=np.float64)
+    """))
+    script = textwrap.dedent("""
+        import mmap, sys
+        sys.path.insert(0, sys.argv[1])
+        from work import features
+        x = features(1_000_000)
+        print(x[-1], isinstance(x.base, mmap.mmap))
+    """)
+    env = {"APSI_HOME": str(home / "home"), "APSI_STORE_DIR": str(home / "stores"), "PATH": "/usr/bin:/bin"}
+    runs = [subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
+                           timeout=60) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    assert runs[0].stdout.split() == ["computed", "999999.0", "False"]  # computed: the function's own array
+    assert runs[1].stdout.split() == ["999999.0", "True"]  # after the restart: from the SSD, mapped
+
+
+def define(source: str, calls: list) -> object:
+    namespace = {"__name__": "work", "calls": calls}
+    exec(compile(source, "work.py", "exec"), namespace)
+    return namespace["f"]
+
+
+def test_a_changed_body_misses_a_moved_one_does_not():
+    calls: list = []
+    body = "def f(x):\n    calls.append(x)\n    return x + {n}\n"
+    assert memory.cached(define(body.format(n=1), calls))(1) == 2
+    assert memory.cached(define("\n\n\n" + body.format(n=1), calls))(1) == 2  # moved down three lines
+    assert calls == [1]
+    assert memory.cached(define(body.format(n=100), calls))(1) == 101, "a changed body returned the old result"
+    assert calls == [1, 1]
+
+
+def test_the_key_covers_the_qualified_name():
+    runs = []
+
+    @memory.cached
+    def one(x):
+        runs.append(x)
+        return "one"
+
+    def make_other():
+        @memory.cached
+        def one(x):  # same name, same body, another qualified name
+            runs.append(x)
+            return "one"
+        return one
+
+    assert one(1) == "one" and make_other()(1) == "one"
+    assert runs == [1, 1]
+
+
+def test_keyword_arguments_in_any_order_are_one_call():
+    runs = []
+
+    @memory.cached
+    def f(**options):
+        runs.append(options)
+        return sorted(options)
+
+    assert f(a=1, b=2) == ["a", "b"] and f(b=2, a=1) == ["a", "b"]
+    assert len(runs) == 1
+
+
+def test_an_argument_that_cannot_be_hashed_is_named():
+    @memory.cached
+    def f(callback):
+        return 1
+
+    with pytest.raises(TypeError, match="argument 'callback'"):
+        f(lambda: 1)
+
+
+def test_exceptions_are_not_cached():
+    calls = []
+
+    @memory.cached
+    def flaky(x):
+        calls.append(x)
+        if len(calls) == 1:
+            raise RuntimeError("first time")
+        return x
+
+    with pytest.raises(RuntimeError):
+        flaky(1)
+    assert flaky(1) == 1 and flaky(1) == 1 and len(calls) == 2
+
+
+def test_a_named_store_and_a_store_object(home):
+    @memory.cached(store="features", ram_mb=1, disk_gb=0.01)
+    def f(x):
+        return x + 1
+
+    assert f.store is None  # opens on the first call, not at import
+    assert f(1) == 2
+    assert f.store.folder == str(home / "stores" / "features") and len(f.store) == 1
+    s = memory.store("mine")
+
+    @memory.cached(store=s)
+    def g(x):
+        return x * 10
+
+    assert g(2) == 20 and g.store is s and len(s) == 1
+
+
+def test_sets_hash_the_same_in_every_process(home):
+    code = "from apsi_memory.hashing import value_digest; print(value_digest({'a', 'b', 'c', 'd'}).hex())"
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout
+               for seed in (1, 2, 3)}
+    assert len(digests) == 1 and digests != {""}
+
+
+def test_big_arrays_hash_in_pieces_and_still_by_content(monkeypatch):
+    import apsi_memory.hashing as hashing
+
+    monkeypatch.setattr(hashing, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(hashing, "PARALLEL_FROM_BYTES", 8192)
+    a = np.arange(10_000, dtype=np.int64)
+    b = a.copy()
+    b[9_999] = 0  # in the last piece
+    assert array_digest(a) == array_digest(a.copy()) != array_digest(b)
+    assert array_digest(a, workers=1) == array_digest(a, workers=4)
+    assert array_digest(a[::2]) == array_digest(np.ascontiguousarray(a[::2]))
+
+
+def test_arrays_inside_containers_are_hashed_by_content():
+    a = np.arange(1000)
+    assert value_digest({"x": a, "y": [a]}) == value_digest({"x": a.copy(), "y": [a.copy()]})
+    assert value_digest({"x": a}) != value_digest({"x": a + 1})
+    assert value_digest(np.arange(3)) != value_digest([0, 1, 2])
