@@ -2,8 +2,9 @@
 filled and summed. With ``memory.array`` they go to spill files and the script finishes; with ``numpy.zeros`` the
 kernel kills it. Both outcomes are asserted, so the test cannot pass because the limit was not enforced.
 
-Also: a real full disk (a 4 MiB tmpfs) for spill files, both before the file is made and when the reservation
-itself fails."""
+Also: four 350 MiB arrays all made before any is filled (unwritten pages must count as used, or they all land in
+RAM and the filling is OOM-killed), and a real full disk (a 4 MiB tmpfs) for spill files, both before the file is
+made and when the reservation itself fails."""
 
 from __future__ import annotations
 
@@ -43,12 +44,27 @@ sys.exit(0 if total == 6.0 * n else 1)
 """
 
 
-def run_in_group(memcg, how: str, spill_dir: str) -> tuple[int, str, int]:
+MAKE_ALL_THEN_FILL = r"""
+import sys
+import numpy as np
+import apsi_memory as memory
+
+n = 350 << 20  # four arrays of 350 MiB, all made before any is written
+arrays = [memory.array(n, "uint8") for _ in range(4)]
+for x in arrays:
+    x[:] = 1
+total = sum(int(x.sum(dtype=np.int64)) for x in arrays)
+print(total, ["SSD" if memory.on_disk(x) else "RAM" for x in arrays], flush=True)
+sys.exit(0 if total == 4 * n else 1)
+"""
+
+
+def run_in_group(memcg, how: str, spill_dir: str, script: str = SCRIPT) -> tuple[int, str, int]:
     """(exit status as a shell reports it, output, OOM kills in the group)."""
     with memcg(1 * GiB) as group:
         env = {**os.environ, "APSI_SPILL_DIR": spill_dir}
         env.pop("APSI_RAM_BUDGET", None)
-        done = group.run([sys.executable, "-c", SCRIPT, how], timeout=600, env=env)
+        done = group.run([sys.executable, "-c", script, how], timeout=600, env=env)
         status = 128 - done.returncode if done.returncode < 0 else done.returncode  # killed by signal N: 128+N
         return status, done.stdout + done.stderr, group.oom_kills()
 
@@ -61,6 +77,13 @@ def test_three_1gib_arrays_finish_in_a_1gib_cgroup_where_numpy_zeros_is_oom_kill
     assert os.listdir(spill_dir) == []  # deleted at exit
     status, output, oom_kills = run_in_group(memcg, "numpy.zeros", spill_dir)
     assert status == 137 and oom_kills >= 1, output  # SIGKILL (128 + 9) from the group's OOM killer
+
+
+def test_arrays_made_before_they_are_filled_do_not_add_up_to_more_than_the_group_has(memcg, tmp_path):
+    # Counting unwritten RAM arrays as free put all four in RAM (1400 MiB): the filling was OOM-killed.
+    status, output, oom_kills = run_in_group(memcg, "", str(tmp_path / "spill"), MAKE_ALL_THEN_FILL)
+    assert (status, oom_kills) == (0, 0), output
+    assert "SSD" in output and "RAM" in output
 
 
 @pytest.fixture
