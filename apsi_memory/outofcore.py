@@ -23,13 +23,16 @@ In-RAM arrays need none of this: their blocks are plain views.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import mmap
 import numbers
 import os
+import queue
+import threading
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import numpy.lib.format as npy_format
@@ -49,6 +52,8 @@ FOLIO_PAGES = 2 * MiB // PAGE
 # Written pages released but perhaps not yet on the disk may add up to this before we wait for the disk.
 WRITE_BEHIND_BYTES = 16 * MiB
 DEFAULT_READ_AHEAD_BYTES = 128 * KiB
+# Reads still in flight when a stream ends have landed well within this; then their pages can be dropped.
+SETTLE_SECONDS = 0.25
 
 
 # -- pure: rows and blocks -----------------------------------------------------------------------------------------
@@ -274,14 +279,19 @@ _LIBC = _load_libc()
 
 
 class Pages:
-    """Read-ahead and release for the rows of one file mapping (see the module docstring)."""
+    """Read-ahead and release for the rows of one file mapping (see the module docstring).
+
+    The decisions (which pages, which of them were cached) are made in the caller's thread; the system calls that
+    can wait for the disk run in order on a ``Background`` thread, so the caller keeps computing meanwhile."""
 
     def __init__(self, region: Region, first_row: int) -> None:
         self.region = region
         self._residency = Residency(page_floor(max(first_row, region.start)) // PAGE)
         self._fd = _open_for_advice(region)
-        self._write_behind = WriteBehind(WRITE_BEHIND_BYTES)
+        self._write_behind = WriteBehind(WRITE_BEHIND_BYTES)  # used by the background thread only
         self._read_ahead_piece = read_ahead_window(self._fd)
+        self._kernel = Background()
+        self._last_runs: list[tuple[int, int]] = []
 
     def note(self, end: int) -> None:
         """Note which pages up to ``end`` (and well beyond) are in the page cache before we touch them: the
@@ -295,41 +305,100 @@ class Pages:
         """Have the kernel read ``[start, end)`` in the background now."""
         self.note(end)
         start, end = self._clip(page_floor(start), page_ceil(end))
-        # The kernel reads at most one read-ahead window per request and ignores the rest: ask window by window.
-        for piece in range(start, end, self._read_ahead_piece):
-            _madvise(piece, min(self._read_ahead_piece, end - piece), mmap.MADV_WILLNEED)
+        if end > start:
+            self._kernel.submit(self._will_need, start, end)
 
-    def release(self, span: tuple[int, int] | None) -> None:
+    def release(self, span: tuple[int, int] | None, last: bool = False) -> None:
+        """Let go of ``span``. The ``last`` release may cover pages read ahead but never used, and a page whose
+        read is still in flight cannot be dropped yet: ``close`` drops those once more a moment later."""
         if span is None:
             return
         start, end = self._clip(*span)
         if end <= start:
             return
-        if self.region.shared:  # in a private mapping the pages may be the only copy of what was written
-            _madvise(start, end - start, mmap.MADV_DONTNEED)
-        for first_page, count in self._residency.take_uncached(end // PAGE):
-            self._drop_from_cache(first_page * PAGE, count * PAGE)
+        runs = self._residency.take_uncached(end // PAGE)
+        self._kernel.submit(self._let_go, start, end, runs)
+        if last:
+            self._last_runs = runs
 
     def close(self) -> None:
-        """Start writing what is still dirty and drop what is clean (without waiting for the disk); close."""
-        if self._fd is not None:
-            for offset, length in self._write_behind.drain():
-                os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
-            os.close(self._fd)
-            self._fd = None
+        """Wait for the calls asked for and start writing what is still dirty. A moment later, off this thread
+        (reads in flight have landed by then), drop the last release's pages once more and close the file."""
+        self._kernel.close()
+        if self._fd is None:
+            return
+        again = [self._file_range(first_page * PAGE, count * PAGE) for first_page, count in self._last_runs]
+        for offset, length in self._write_behind.drain():
+            _fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
+            again.append((offset, length))
+        timer = threading.Timer(SETTLE_SECONDS, _drop_and_close, (self._fd, again))
+        timer.daemon = True
+        timer.start()
+        self._fd = None
 
     def _clip(self, start: int, end: int) -> tuple[int, int]:
         return max(start, self.region.start), min(end, self.region.end)
 
+    def _file_range(self, address: int, length: int) -> tuple[int, int]:
+        return self.region.file_offset + (address - self.region.start), length
+
+    def _will_need(self, start: int, end: int) -> None:
+        # The kernel reads at most one read-ahead window per request and ignores the rest: ask window by window.
+        for piece in range(start, end, self._read_ahead_piece):
+            _madvise(piece, min(self._read_ahead_piece, end - piece), mmap.MADV_WILLNEED)
+
+    def _let_go(self, start: int, end: int, uncached_runs: list[tuple[int, int]]) -> None:
+        if self.region.shared:  # in a private mapping the pages may be the only copy of what was written
+            _madvise(start, end - start, mmap.MADV_DONTNEED)
+        for first_page, count in uncached_runs:
+            self._drop_from_cache(first_page * PAGE, count * PAGE)
+
     def _drop_from_cache(self, address: int, length: int) -> None:
         if self._fd is None:
             return
-        offset = self.region.file_offset + (address - self.region.start)
-        os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)  # dirty pages: starts writing them
+        offset, length = self._file_range(address, length)
+        _fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)  # dirty pages: starts writing them
         if self.region.writable:
             for due in self._write_behind.add(offset, length):
                 _write_out(self._fd, *due)
-                os.posix_fadvise(self._fd, *due, os.POSIX_FADV_DONTNEED)
+                _fadvise(self._fd, *due, os.POSIX_FADV_DONTNEED)
+
+
+def _drop_and_close(fd: int, ranges: list[tuple[int, int]]) -> None:
+    for offset, length in ranges:
+        _fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
+class Background:
+    """One thread that makes slow system calls in the order they were asked for. At most ``depth`` wait, so a
+    slow disk slows the caller down instead of piling up calls. An exception in a call (a bug: the calls
+    themselves ignore the kernel's refusals) is raised again by ``close``."""
+
+    def __init__(self, depth: int = 4) -> None:
+        self._calls: queue.Queue[tuple[Callable[..., None], tuple[object, ...]] | None] = queue.Queue(depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="apsi-pages", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[..., None], *args: object) -> None:
+        self._calls.put((call, args))
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._calls.put(None)
+            self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, args = item
+            try:
+                call(*args)
+            except BaseException as exc:  # keep serving: the caller may be waiting to put the next call
+                self._error = self._error or exc
 
 
 def read_ahead_window(fd: int | None) -> int:
@@ -354,10 +423,15 @@ def _write_out(fd: int, offset: int, length: int) -> None:
 _SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4  # <fcntl.h> SYNC_FILE_RANGE_*
 
 
+# Advice is a hint: a kernel that refuses it costs memory, never correctness, so a refusal is not an error.
 def _madvise(address: int, length: int, advice: int) -> None:
-    # Advice is a hint: a kernel that refuses it costs memory, never correctness, so a refusal is not an error.
     assert _LIBC is not None
     _LIBC.madvise(address, length, advice)
+
+
+def _fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, offset, length, advice)
 
 
 def _mincore(address: int, length: int) -> np.ndarray:
@@ -435,7 +509,7 @@ class BlockPages:
     def close(self) -> None:
         """Release everything not released yet (the end of the array, or all of it after an early exit)."""
         if self._pages is not None:
-            self._pages.release(self._front.rest())
+            self._pages.release(self._front.rest(), last=True)
             self._pages.close()
             self._pages = None
 

@@ -143,7 +143,7 @@ def test_the_next_block_is_read_before_it_is_needed(big_file: str) -> None:
     block_bytes = rows * COLS * 4
     assert eventually(lambda: cached_bytes(big_file, header + block_bytes, header + 2 * block_bytes) >= block_bytes)
     blocks.close()  # type: ignore[attr-defined]
-    assert cached_bytes(big_file) <= HEADER_PAGES_SLACK
+    assert eventually(lambda: cached_bytes(big_file) <= HEADER_PAGES_SLACK)
 
 
 def test_breaking_out_of_the_loop_releases_everything(big_file: str) -> None:
@@ -155,7 +155,8 @@ def test_breaking_out_of_the_loop_releases_everything(big_file: str) -> None:
             break
     del block
     assert rss() - before <= 4 * MiB
-    assert cached_bytes(big_file) <= HEADER_PAGES_SLACK
+    # Reads still in flight at the exit (ours and the kernel's own read-ahead) are dropped once they land.
+    assert eventually(lambda: cached_bytes(big_file) <= HEADER_PAGES_SLACK)
 
 
 def test_map_releases_input_and_output_as_it_goes(big_file: str, tmp_path: Path,
