@@ -31,12 +31,13 @@ import mmap
 import operator
 import threading
 import weakref
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from . import ledger, spill
-from .decide import SMALL_ARRAY_BYTES, Level, Place, place
+from .decide import SMALL_ARRAY_BYTES, Place, place
 from .units import GiB
 
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -57,15 +58,18 @@ class ArrayRecord(NamedTuple):
         return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where}"
 
 
+_T = TypeVar("_T", bound="_Tracked")
+
+
 class _Tracked(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to the object that holds an array's memory (the mmap, or a small array itself), carrying
     what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
     what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("key", "shape", "dtype", "place", "path", "array", "address", "length", "freed")
+    __slots__ = ("address", "array", "dtype", "freed", "key", "length", "path", "place", "shape")
 
-    def __new__(cls, owner: Any, *_: Any) -> _Tracked:
-        return super().__new__(cls, owner, _forget)
+    def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
+        return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
 
     def __init__(self, owner: Any, x: np.ndarray, place: Place, path: str | None = None, address: int = 0,
                  length: int = 0) -> None:

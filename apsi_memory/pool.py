@@ -31,7 +31,8 @@ import mmap
 import queue
 import threading
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +93,7 @@ def keeps_spares(level: Level) -> bool:
 # -- buffers -----------------------------------------------------------------------------------------------------
 
 class _Buffer:
-    __slots__ = ("memory", "capacity", "address", "clean", "busy")
+    __slots__ = ("address", "busy", "capacity", "clean", "memory")
 
     def __init__(self, nbytes: int) -> None:
         self.capacity = capacity_for(nbytes)

@@ -32,7 +32,8 @@ import re
 import secrets
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

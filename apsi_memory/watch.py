@@ -17,7 +17,8 @@ import gc
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import reactions
 from .decide import Level
@@ -90,7 +91,7 @@ class Watcher:
     def _check_and_report(self) -> None:
         try:
             self.check()
-        except Exception:  # the watcher must outlive a failing callback; the error is still shown
+        except Exception:  # noqa: BLE001 - the watcher must outlive a failing callback; the error is still shown
             threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -13,7 +13,8 @@ Each round makes and drops 1,000 arrays (100 for the big ones), so the time per 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest

@@ -11,7 +11,8 @@ in each benchmark's ``extra_info``. Run it alone on the machine: other work on t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest

@@ -34,6 +34,11 @@ def spill_files(tmp_path) -> list[str]:
 
 # -- what it is --------------------------------------------------------------------------------------------------
 
+def mapped_files() -> str:
+    with open("/proc/self/maps") as maps:
+        return maps.read()
+
+
 def test_a_ram_array_is_a_plain_zeroed_ndarray_that_numpy_code_accepts(machine):
     x = memory.array((1024, 512), "float32")  # 2 MiB: fits the ~180 MiB budget
     assert type(x) is np.ndarray and x.shape == (1024, 512) and x.dtype == np.float32
@@ -161,7 +166,7 @@ def test_free_deletes_the_spill_file_now_and_views_keep_working(machine, tmp_pat
     x[2] = 9
     memory.free(x)
     assert spill_files(tmp_path) == []
-    assert x.filename not in open("/proc/self/maps").read()  # nothing maps the file: its blocks are free
+    assert x.filename not in mapped_files()  # nothing maps the file: its blocks are free
     assert int(view.sum()) == 0  # reads zeros, no crash
     view[0, 0] = 5  # a view made before free may still be written (its own RAM now)
     assert view[0, 0] == 5
