@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import struct
 import threading
 
 from .errors import CorruptFileError
@@ -63,11 +64,11 @@ def _create(path: str) -> None:
 
 
 def sign(key: bytes, *parts: bytes | memoryview) -> bytes:
-    """HMAC-SHA256 over the parts, each prefixed with its length so ``(b"ab", b"c")`` and ``(b"a", b"bc")``
-    never sign alike. (One joined message through ``hmac.digest``, the one-shot C path, is 3x faster than
-    ``update`` calls for the small values a store mostly holds.)"""
-    message = b"".join(piece for part in parts for piece in (len(part).to_bytes(8, "little"), part))
-    return hmac.digest(key, message, "sha256")
+    """HMAC-SHA256 over the parts, led by their count and lengths so ``(b"ab", b"c")`` and ``(b"a", b"bc")``
+    never sign alike. (One message through ``hmac.digest``, the one-shot C path, is 3x faster than ``update``
+    calls for the small values a store mostly holds.)"""
+    lengths = struct.pack(f"<{len(parts) + 1}Q", len(parts), *map(len, parts))
+    return hmac.digest(key, lengths + b"".join(parts), "sha256")
 
 
 def verify(key: bytes, signature: bytes, *parts: bytes) -> bool:

@@ -401,7 +401,7 @@ def _decode(secret: bytes, key: bytes, content: bytes, entry: Entry) -> tuple[An
     if entry.kind == KIND_PICKLE:
         if not verify(secret, signature, b"P", key, body):
             raise _Tampered("signature does not match")
-        payload = bytes(body)
+        payload = content[:-SIGNATURE_BYTES]
         return pickle.loads(payload), _Held(payload, entry.kind, len(payload), entry.name)
     if entry.kind != KIND_NPY_READ:
         raise _Tampered(f"unknown kind {entry.kind}")

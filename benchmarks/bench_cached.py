@@ -1,0 +1,104 @@
+"""@memory.cached against joblib.Memory, in one run: the cost of a hit (small arguments; a 1 MiB array argument)
+and hashing a 1 GiB array (memory.hashing.array_digest against joblib.hash, which is what joblib.Memory does to
+an array argument on every call).
+
+    .venv/bin/python -m pytest benchmarks/bench_cached.py --benchmark-only -s
+
+A table of medians and each figure's speed against joblib's prints at the end (``x`` > 1: faster).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import joblib
+import numpy as np
+import pytest
+
+import apsi_memory as memory
+from apsi_memory.hashing import array_digest
+
+CALLS = 1000
+results: dict[tuple[str, str], float] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def environment(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    home = tmp_path_factory.mktemp("home")
+    saved = {k: os.environ.get(k) for k in ("APSI_HOME", "APSI_STORE_DIR")}
+    os.environ["APSI_HOME"], os.environ["APSI_STORE_DIR"] = str(home), str(home / "stores")
+    yield home
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    print_table()
+
+
+def add(x: Any, y: int = 1) -> Any:
+    return x + y
+
+
+def wrap(peer: str, func: Callable[..., Any], home: Any) -> Callable[..., Any]:
+    if peer == "memory.cached":
+        return memory.cached(store=f"bench-{func.__name__}")(func)
+    return joblib.Memory(str(home / f"joblib-{func.__name__}"), verbose=0).cache(func)
+
+
+def _record(benchmark: Any, case: str, peer: str, per: int) -> None:
+    if benchmark.stats is not None:
+        results[(case, peer)] = benchmark.stats.stats.median / per
+
+
+@pytest.mark.parametrize("peer", ["joblib.Memory", "memory.cached"])
+def test_hit_small_arguments(benchmark: Any, peer: str, environment: Any) -> None:
+    f = wrap(peer, add, environment)
+    for i in range(CALLS):
+        f(i)
+
+    def calls() -> None:
+        for i in range(CALLS):
+            f(i)
+
+    benchmark.pedantic(calls, rounds=5, iterations=1)
+    _record(benchmark, "hit, small arguments", peer, CALLS)
+
+
+@pytest.mark.parametrize("peer", ["joblib.Memory", "memory.cached"])
+def test_hit_1mib_array_argument(benchmark: Any, peer: str, environment: Any) -> None:
+    def scale(a: np.ndarray) -> np.ndarray:
+        return a * 2
+
+    arrays = [np.full(262_144, i, dtype=np.float32) for i in range(20)]
+    f = wrap(peer, scale, environment)
+    for a in arrays:
+        f(a)
+
+    def calls() -> None:
+        for a in arrays:
+            f(a)
+
+    benchmark.pedantic(calls, rounds=5, iterations=1)
+    _record(benchmark, "hit, 1 MiB array argument", peer, len(arrays))
+
+
+@pytest.fixture(scope="module")
+def gib_array() -> np.ndarray:
+    return np.random.default_rng(0).random(1 << 27)  # 1 GiB of float64
+
+
+@pytest.mark.parametrize("peer", ["joblib.Memory", "memory.cached"])
+def test_hash_1gib_array(benchmark: Any, peer: str, gib_array: np.ndarray) -> None:
+    digest = joblib.hash if peer == "joblib.Memory" else array_digest
+    benchmark.pedantic(digest, args=(gib_array,), rounds=3, iterations=1)
+    _record(benchmark, "hash a 1 GiB array", peer, 1)
+
+
+def print_table() -> None:
+    cases = dict.fromkeys(case for case, _ in results)
+    lines = [f"\n{'':30}{'joblib.Memory':>16}{'memory.cached':>16}   speed against joblib"]
+    for case in cases:
+        theirs, ours = results.get((case, "joblib.Memory")), results.get((case, "memory.cached"))
+        if theirs is None or ours is None:
+            continue
+        lines.append(f"{case:30}{theirs * 1e6:13.1f} us{ours * 1e6:13.1f} us   {theirs / ours:6.2f}x")
+    print("\n".join(lines))
