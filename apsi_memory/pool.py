@@ -5,11 +5,13 @@ unmapping when it is freed; a pool hands back buffers whose pages are already th
 
 ``zero=True`` without paying for it
 -----------------------------------
-Clearing a reused 256 MiB buffer with ``memset`` when it is taken costs as much as the fresh pages it saves (the
-kernel zeroes fresh pages about as fast, with huge pages), so a pool that does that is no faster than no pool.
-Instead a buffer given back is cleared by one background thread while the caller works on its next buffer, and
-``take(zero=True)`` only hands out buffers already cleared; when none is ready it maps fresh memory, which the
-kernel hands out zeroed. The caller's thread never clears memory; the clearing runs on another core. Buffers are
+Clearing a reused 256 MiB buffer with ``memset`` when it is taken puts a full pass over the buffer on the
+caller's thread for every take, next to the kernel's own zeroing of fresh pages (fast, with huge pages): on the
+issue's machine that was slower than fresh memory, here it kept only about half of what a pool gains
+(``benchmarks/bench_pool.py`` measures both). Instead a buffer given back is cleared by one background thread
+while the caller works on its next buffer, and ``take(zero=True)`` only hands out buffers already cleared; when
+none is ready it maps fresh memory, which the kernel hands out zeroed. The caller's thread never clears memory; the
+clearing runs on another core (with one core, or all cores busy, it costs what memset-on-take costs). Buffers are
 only cleared in the background while the pool's last ``take`` asked for ``zero=True``.
 
 Bounds and pressure
