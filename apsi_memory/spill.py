@@ -116,7 +116,8 @@ _reclaim_lock = threading.Lock()
 def reclaim(directory: str, alive: Callable[[int, str], bool] = owner_alive) -> list[str]:
     """Delete the spill files in ``directory`` whose owner process is dead; returns their paths.
 
-    Files not named by us, and files of live processes, are left alone."""
+    Files not named by us, files of live processes and other users' files (whose processes this user may not
+    even see, e.g. with ``/proc`` mounted ``hidepid``) are left alone."""
     removed: list[str] = []
     try:
         names = os.listdir(directory)
@@ -124,13 +125,20 @@ def reclaim(directory: str, alive: Callable[[int, str], bool] = owner_alive) -> 
         return removed
     for name in names:
         owner = owner_of(name)
-        if owner is None or alive(*owner):
-            continue
         path = os.path.join(directory, name)
-        with contextlib.suppress(FileNotFoundError):  # another process may have reclaimed it first
+        if owner is None or not _this_users(path) or alive(*owner):
+            continue
+        with contextlib.suppress(OSError):  # gone already (another process reclaimed it), or not ours to delete
             os.unlink(path)
             removed.append(path)
     return removed
+
+
+def _this_users(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def reclaim_once(directory: str) -> None:

@@ -32,6 +32,12 @@ def run_python(code: str, folder: str, **env: str) -> subprocess.CompletedProces
                           text=True, timeout=60, check=False)
 
 
+def dead_pid() -> int:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    return int(finished.stdout)
+
+
 def mapped_files() -> str:
     with open("/proc/self/maps") as maps:
         return maps.read()
@@ -64,12 +70,10 @@ def test_a_full_disk_is_a_clear_error_that_leaves_no_file_and_keeps_the_others(f
 
 def test_files_of_dead_owners_are_reclaimed_and_only_those(folder, tmp_path):
     os.makedirs(folder)
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True, check=True)
-    dead_pid = int(finished.stdout)
+    dead = dead_pid()
     me, my_start = os.getpid(), spill.process_start(os.getpid())
     names = {
-        "dead": spill.file_name(dead_pid, "1", "aa"),
+        "dead": spill.file_name(dead, "1", "aa"),
         "recycled pid": spill.file_name(me, "1" + str(my_start), "bb"),  # our pid, another process's start
         "alive": spill.file_name(me, str(my_start), "cc"),
         "not ours": "results.npy",
@@ -138,3 +142,13 @@ def test_a_forked_child_never_deletes_or_truncates_its_parents_files(folder):
     assert os.listdir(folder) == [os.path.basename(x.filename)]
     assert os.path.getsize(x.filename) > 2 * MiB and float(x.sum()) == 5.0 * 2 * (MiB // 8)
     assert memory.report() == arrays_before
+
+
+def test_other_users_files_are_never_reclaimed(folder):
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    os.makedirs(folder)
+    theirs = os.path.join(folder, spill.file_name(dead_pid(), "1", "dd"))
+    open(theirs, "w").close()
+    os.chown(theirs, 12345, 12345)
+    assert spill.reclaim(folder) == [] and os.path.exists(theirs)
