@@ -7,15 +7,18 @@ A file-backed array (a ``.npy`` path, an ``np.memmap``, a ``memory.array`` on th
 ``/proc/self/maps`` by its address, which says, from the kernel itself, whether the memory is a shared mapping of
 a file, which file, and at which offset. Nothing here relies on how NumPy or ``memory.array`` built the mapping.
 
-For such a region, ``Pages`` does three things per block:
+For such a region, ``Pages`` does this per block:
 
-* before a block is read: ``mincore`` records which of its pages were already in the page cache, then
-  ``madvise(MADV_WILLNEED)`` starts reading it in the background;
+* before a block is read: ``mincore`` records which of its pages were already in the page cache (well ahead, as
+  the kernel's own read-ahead runs ahead of us), then a background thread reads the pages that were not through
+  a file descriptor into a small scratch buffer, so they are in the page cache when the block is used; a warm
+  block costs nothing;
 * once a block is finished (and every block before it, so out-of-order finishes in ``map`` are safe):
-  ``madvise(MADV_DONTNEED)`` drops it from this process (only for *shared* mappings: there the data lives in the
-  file and comes back on the next touch; in a private or anonymous mapping it would be lost), then
-  ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops from the page cache the pages this process brought in. Pages that
-  were cached before stay cached, so a warm file stays warm for the next reader.
+  ``madvise(MADV_DONTNEED)`` drops it from this process at once (only for *shared* mappings: there the data
+  lives in the file and comes back on the next touch; in a private or anonymous mapping it would be lost), then,
+  in the background, ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops from the page cache the pages this process
+  brought in. Pages that were cached before stay cached, so a warm file stays warm for the next reader. Written
+  pages are dropped once they are on the disk (``WriteBehind``), so dirty memory stays bounded too.
 
 In-RAM arrays need none of this: their blocks are plain views.
 """
@@ -30,6 +33,7 @@ import mmap
 import numbers
 import os
 import queue
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -38,7 +42,7 @@ import numpy as np
 import numpy.lib.format as npy_format
 
 from .errors import ChunkError, CorruptFileError
-from .units import KiB, MiB
+from .units import MiB
 
 PAGE = mmap.PAGESIZE
 # A block of about this many bytes when the caller gives no ``rows``: large enough that the per-block system calls
@@ -51,7 +55,7 @@ RESIDENCY_AHEAD_BYTES = 64 * MiB
 FOLIO_PAGES = 2 * MiB // PAGE
 # Written pages released but perhaps not yet on the disk may add up to this before we wait for the disk.
 WRITE_BEHIND_BYTES = 16 * MiB
-DEFAULT_READ_AHEAD_BYTES = 128 * KiB
+READ_PIECE_BYTES = 1 * MiB
 # Reads still in flight when a stream ends have landed well within this; then their pages can be dropped.
 SETTLE_SECONDS = 0.25
 
@@ -154,6 +158,13 @@ class Residency:
     def record(self, was_cached: np.ndarray) -> None:
         """The states of the pages from ``known_to`` on."""
         self._was_cached = np.concatenate([self._was_cached, was_cached.astype(bool)])
+
+    def uncached(self, first_page: int, end_page: int) -> list[tuple[int, int]]:
+        """Runs ``(first_page, count)`` in ``[first_page, end_page)`` that were not cached (nothing is forgotten)."""
+        low, high = max(first_page, self._first), min(end_page, self.known_to)
+        if high <= low:
+            return []
+        return false_runs(self._was_cached[low - self._first:high - self._first], low)
 
     def take_uncached(self, end_page: int) -> list[tuple[int, int]]:
         """Runs ``(first_page, count)`` before ``end_page`` that were not cached before.
@@ -270,6 +281,7 @@ def _load_libc() -> ctypes.CDLL | None:
     libc = ctypes.CDLL(name, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.syscall.restype = ctypes.c_long
     if hasattr(libc, "sync_file_range"):
         libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     return libc
@@ -281,15 +293,17 @@ _LIBC = _load_libc()
 class Pages:
     """Read-ahead and release for the rows of one file mapping (see the module docstring).
 
-    The decisions (which pages, which of them were cached) are made in the caller's thread; the system calls that
-    can wait for the disk run in order on a ``Background`` thread, so the caller keeps computing meanwhile."""
+    The decisions (which pages, which of them were cached) and dropping pages from the process are done in the
+    caller's thread; what can wait for the disk (reading ahead, dropping and writing out page cache) runs in
+    order on a ``Background`` thread, so the caller keeps computing meanwhile."""
 
     def __init__(self, region: Region, first_row: int) -> None:
         self.region = region
         self._residency = Residency(page_floor(max(first_row, region.start)) // PAGE)
-        self._fd = _open_for_advice(region)
+        self._fd = _open_mapped_file(region)
+        self._may_drop = self._fd is not None and _sees_page_cache(self._fd)
         self._write_behind = WriteBehind(WRITE_BEHIND_BYTES)  # used by the background thread only
-        self._read_ahead_piece = read_ahead_window(self._fd)
+        self._scratch = bytearray(READ_PIECE_BYTES)  # read-ahead lands here (and in the page cache)
         self._kernel = Background()
         self._last_runs: list[tuple[int, int]] = []
 
@@ -299,14 +313,24 @@ class Pages:
         end = min(page_ceil(end) + RESIDENCY_AHEAD_BYTES, self.region.end)
         start = self._residency.known_to * PAGE
         if end > start:
-            self._residency.record(_mincore(start, end - start))
+            self._residency.record(self._page_states(start, end))
+
+    def _page_states(self, start: int, end: int) -> np.ndarray:
+        """Which pages of ``[start, end)`` are cached: from one ``cachestat`` count when the range is all cached
+        or all not (streaming's usual case, 100x cheaper), else page by page from ``mincore``."""
+        n_pages = (end - start) // PAGE
+        cached = None if self._fd is None else _cached_pages(self._fd, *self._file_range(start, end - start))
+        if cached in (0, n_pages):
+            return np.full(n_pages, cached == n_pages, dtype=bool)
+        return _mincore(start, end - start)
 
     def read_ahead(self, start: int, end: int) -> None:
-        """Have the kernel read ``[start, end)`` in the background now."""
+        """Have the pages of ``[start, end)`` that are not cached read now, in the background."""
         self.note(end)
         start, end = self._clip(page_floor(start), page_ceil(end))
-        if end > start:
-            self._kernel.submit(self._will_need, start, end)
+        runs = self._residency.uncached(start // PAGE, end // PAGE)
+        if runs and self._fd is not None:
+            self._kernel.submit(self._read_in, runs)
 
     def release(self, span: tuple[int, int] | None, last: bool = False) -> None:
         """Let go of ``span``. The ``last`` release may cover pages read ahead but never used, and a page whose
@@ -316,8 +340,11 @@ class Pages:
         start, end = self._clip(*span)
         if end <= start:
             return
+        if self.region.shared:  # in a private mapping the pages may be the only copy of what was written
+            _madvise(start, end - start, mmap.MADV_DONTNEED)
         runs = self._residency.take_uncached(end // PAGE)
-        self._kernel.submit(self._let_go, start, end, runs)
+        if runs:  # a warm file has none
+            self._kernel.submit(self._drop_runs, runs)
         if last:
             self._last_runs = runs
 
@@ -327,6 +354,8 @@ class Pages:
         self._kernel.close()
         if self._fd is None:
             return
+        if not self._may_drop:
+            self._last_runs = []
         again = [self._file_range(first_page * PAGE, count * PAGE) for first_page, count in self._last_runs]
         for offset, length in self._write_behind.drain():
             _fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
@@ -342,19 +371,24 @@ class Pages:
     def _file_range(self, address: int, length: int) -> tuple[int, int]:
         return self.region.file_offset + (address - self.region.start), length
 
-    def _will_need(self, start: int, end: int) -> None:
-        # The kernel reads at most one read-ahead window per request and ignores the rest: ask window by window.
-        for piece in range(start, end, self._read_ahead_piece):
-            _madvise(piece, min(self._read_ahead_piece, end - piece), mmap.MADV_WILLNEED)
+    def _read_in(self, runs: list[tuple[int, int]]) -> None:
+        """Read the runs through the file descriptor into a scratch buffer: the kernel's streaming read-ahead
+        (large pages, many reads in flight) fills the page cache, and nothing is mapped into this process.
+        Measured here, this beat ``MADV_WILLNEED``, which the kernel serves one small read-ahead window at a
+        time in the calling thread."""
+        assert self._fd is not None
+        for first_page, count in runs:
+            offset, length = self._file_range(first_page * PAGE, count * PAGE)
+            for piece in range(offset, offset + length, READ_PIECE_BYTES):
+                if os.preadv(self._fd, [self._scratch], piece) == 0:
+                    return  # the file ends here
 
-    def _let_go(self, start: int, end: int, uncached_runs: list[tuple[int, int]]) -> None:
-        if self.region.shared:  # in a private mapping the pages may be the only copy of what was written
-            _madvise(start, end - start, mmap.MADV_DONTNEED)
+    def _drop_runs(self, uncached_runs: list[tuple[int, int]]) -> None:
         for first_page, count in uncached_runs:
             self._drop_from_cache(first_page * PAGE, count * PAGE)
 
     def _drop_from_cache(self, address: int, length: int) -> None:
-        if self._fd is None:
+        if self._fd is None or not self._may_drop:
             return
         offset, length = self._file_range(address, length)
         _fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)  # dirty pages: starts writing them
@@ -401,19 +435,6 @@ class Background:
                 self._error = self._error or exc
 
 
-def read_ahead_window(fd: int | None) -> int:
-    """The most the kernel reads for one read-ahead request on this file's device (``read_ahead_kb`` of its
-    backing device); 128 KiB, the kernel's default, where that cannot be read."""
-    if fd is None:
-        return DEFAULT_READ_AHEAD_BYTES
-    try:
-        device = os.fstat(fd).st_dev
-        with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
-            return max(DEFAULT_READ_AHEAD_BYTES, page_floor(int(f.read()) * KiB))
-    except (OSError, ValueError):
-        return DEFAULT_READ_AHEAD_BYTES
-
-
 def _write_out(fd: int, offset: int, length: int) -> None:
     """Wait until ``[offset, offset + length)`` of the file is on the disk (Linux ``sync_file_range``)."""
     if _LIBC is not None and hasattr(_LIBC, "sync_file_range"):
@@ -434,6 +455,34 @@ def _fadvise(fd: int, offset: int, length: int, advice: int) -> None:
         os.posix_fadvise(fd, offset, length, advice)
 
 
+class _CacheStatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64)
+                for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+_SYS_CACHESTAT = 451  # the same number on every architecture that has it (Linux 6.5)
+_cachestat_works = sys.platform == "linux"
+
+
+def _cached_pages(fd: int, offset: int, length: int) -> int | None:
+    """How many pages of the file range are in the page cache (``cachestat``), or ``None`` where the kernel (or
+    a seccomp filter) does not offer it; then it is not asked again."""
+    global _cachestat_works
+    if not _cachestat_works or _LIBC is None:
+        return None
+    stat = _CacheStat()
+    asked = _CacheStatRange(offset, length)
+    if _LIBC.syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_long(fd), ctypes.byref(asked), ctypes.byref(stat),
+                     ctypes.c_long(0)):
+        _cachestat_works = False
+        return None
+    return int(stat.nr_cache)
+
+
 def _mincore(address: int, length: int) -> np.ndarray:
     """Which pages of ``[address, address + length)`` are resident; all of them if the kernel will not say (so
     nothing is dropped that this process may not have brought in)."""
@@ -444,25 +493,27 @@ def _mincore(address: int, length: int) -> np.ndarray:
     return (states & 1).astype(bool)
 
 
-def _open_for_advice(region: Region) -> int | None:
-    """A descriptor of the mapped file for ``posix_fadvise``, or ``None`` where we may not drop its cache.
-
-    The kernel reports page-cache residency only for files this user could write (or owns): for any other file
-    ``mincore`` cannot tell our pages from another reader's, so we leave that file's cache alone.
-    """
-    if not hasattr(os, "posix_fadvise"):
-        return None
-    path = region.path.removesuffix(" (deleted)")
-    if region.path.endswith(" (deleted)"):  # a spill file already unlinked: reach it through the mapping
+def _open_mapped_file(region: Region) -> int | None:
+    """A read-only descriptor of the mapped file (for read-ahead and ``posix_fadvise``), if it can be opened."""
+    path = region.path
+    if path.endswith(" (deleted)"):  # a spill file already unlinked: reach it through the mapping
         path = f"/proc/self/map_files/{region.start:x}-{region.end:x}"
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return os.open(path, os.O_RDONLY)
     except OSError:
         return None
-    if os.fstat(fd).st_uid != os.geteuid() and os.geteuid() != 0 and not os.access(path, os.W_OK):
-        os.close(fd)
-        return None
-    return fd
+
+
+def _sees_page_cache(fd: int) -> bool:
+    """Whether ``mincore`` tells this process about the file's page cache: the kernel reports it only to the
+    file's owner or someone who could write it. For any other file we cannot tell our pages from another
+    reader's, so its cache is left alone."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    euid = os.geteuid()
+    if euid == 0 or os.fstat(fd).st_uid == euid:
+        return True
+    return os.access(f"/proc/self/fd/{fd}", os.W_OK)
 
 
 def file_region(array: np.ndarray) -> Region | None:
