@@ -60,10 +60,9 @@ import weakref
 import zlib
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, NamedTuple, Union
 
 import fcntl
 import numpy as np
@@ -124,6 +123,7 @@ def decode_key(encoded: bytes) -> Key:
 KIND_PICKLE, KIND_NPY_READ, KIND_NPY_MAP = 0, 1, 2
 _EXT = {KIND_PICKLE: ".pkl", KIND_NPY_READ: ".npy", KIND_NPY_MAP: ".npy"}
 NAME_BYTES = 16
+_GENERATION = struct.Struct("<Q")  # appends so far, in the lock file
 _FRAME = struct.Struct("<III")  # meta length, inline value length, crc32(meta)
 _SET = struct.Struct("<BQ")  # kind, size
 OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR, OP_MOVED = b"S", b"D", b"T", b"C", b"M"
@@ -131,8 +131,7 @@ OP_RESET = b"R"  # never written: what a reader sees when the journal it held wa
 _OPS = (OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR, OP_MOVED)
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     name: str  # identity of this value; for a file entry also its name under data/
     kind: int
     size: int  # bytes on disk: the file, or the value inside the journal
@@ -143,8 +142,7 @@ class Entry:
         return self.offset >= 0
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     op: bytes
     key: bytes = b""
     entry: Entry | None = None
@@ -159,6 +157,22 @@ def pack_record(record: Record) -> bytes:
     else:
         meta = record.op + record.key
     return _FRAME.pack(len(meta), len(record.value), zlib.crc32(meta)) + meta + record.value
+
+
+_KEY_LENGTH = struct.Struct("<I")
+
+
+def pack_keys(keys: list[bytes]) -> bytes:
+    return b"".join(_KEY_LENGTH.pack(len(key)) + key for key in keys)
+
+
+def unpack_keys(packed: bytes) -> Iterator[bytes]:
+    pos = 0
+    while pos + _KEY_LENGTH.size <= len(packed):
+        (length,) = _KEY_LENGTH.unpack_from(packed, pos)
+        pos += _KEY_LENGTH.size
+        yield packed[pos:pos + length]
+        pos += length
 
 
 def record_length(buf: bytes, pos: int = 0) -> int | None:
@@ -267,7 +281,8 @@ class _Index:
         elif record.op == OP_DEL:
             self.remove(record.key)
         elif record.op == OP_TOUCH:
-            self.touch(record.key)
+            for key in unpack_keys(record.key):
+                self.touch(key)
         elif record.op in (OP_CLEAR, OP_RESET):
             self.clear()
 
@@ -288,8 +303,7 @@ class _Index:
 
 # -- the RAM tier (pure) -------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Held:
+class _Held(NamedTuple):
     value: Any  # pickled bytes (unpickled on every get, so callers never share a mutable object) or a read-only array
     kind: int
     nbytes: int
@@ -335,8 +349,7 @@ class _RamTier:
 
 # -- values to bytes and back --------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Blob:
+class _Blob(NamedTuple):
     kind: int
     parts: tuple[bytes | memoryview, ...]  # what goes on disk, signature last
     size: int
@@ -397,16 +410,17 @@ def _decode(secret: bytes, key: bytes, content: bytes, entry: Entry) -> tuple[An
     """The value in ``content`` (a whole file or inline value, signature last) and what the RAM tier keeps."""
     if len(content) != entry.size or len(content) < SIGNATURE_BYTES:
         raise _Tampered(f"{len(content)} bytes, expected {entry.size}")
-    body, signature = memoryview(content)[:-SIGNATURE_BYTES], content[-SIGNATURE_BYTES:]
+    signature = content[-SIGNATURE_BYTES:]
     if entry.kind == KIND_PICKLE:
-        if not verify(secret, signature, b"P", key, body):
-            raise _Tampered("signature does not match")
         payload = content[:-SIGNATURE_BYTES]
+        if not verify(secret, signature, b"P", key, payload):
+            raise _Tampered("signature does not match")
         return pickle.loads(payload), _Held(payload, entry.kind, len(payload), entry.name)
+    body = memoryview(content)[:-SIGNATURE_BYTES]
     if entry.kind != KIND_NPY_READ:
         raise _Tampered(f"unknown kind {entry.kind}")
-    header_len = _header_length(body)
-    header, data = bytes(body[:header_len]), body[header_len:]
+    header_len = _header_length(content)
+    header, data = content[:header_len], body[header_len:]
     if not verify(secret, signature, b"N", key, header, data):
         raise _Tampered("signature does not match")
     dtype, shape = _parse_npy_header(header)
@@ -486,21 +500,46 @@ class _Journal:
 
     def __init__(self, folder: str) -> None:
         self.path = os.path.join(folder, "index")
-        self.lock_fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        self.lock_path = os.path.join(folder, "lock")
+        self.lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        _open_journals.add(self)
+        self.holding = False  # this handle holds the lock: read everything, trust no shortcut
         self.fd = -1
+        self.inode = 0
+        self.replaced = False
         self.offset = 0
         self.end_seen = 0  # the journal's size at the last read_new
         self.pending_touches: list[bytes] = []
         with self.locked():
+            if os.fstat(self.lock_fd).st_size < _GENERATION.size:
+                os.ftruncate(self.lock_fd, _GENERATION.size)
             self._open()
+        # Writers count their appends in the lock file; a reader compares this shared counter (a memory read)
+        # instead of asking the kernel for the journal's size (a syscall) on every get.
+        self.generation = mmap.mmap(self.lock_fd, _GENERATION.size)
+        self.seen = b""
 
     @contextmanager
     def locked(self) -> Iterator[None]:
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        self.holding = True
         try:
+            if self.fd >= 0 and os.stat(self.path).st_ino != self.inode:
+                self.replaced = True  # compacted by a writer that could not leave a MOVED record (a full disk)
             yield
         finally:
+            self.holding = False
             fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def changed(self) -> bool:
+        """Whether anyone may have appended since this handle last read (always, while holding the lock)."""
+        return self.holding or self.generation[:_GENERATION.size] != self.seen
+
+    def _bump(self) -> None:
+        """After an append, under the lock: readers look at the counter, not the file size."""
+        (count,) = _GENERATION.unpack_from(self.generation)
+        _GENERATION.pack_into(self.generation, 0, count + 1)
+        self.seen = self.generation[:_GENERATION.size]  # this handle was caught up before it appended
 
     def _open(self) -> None:
         """Open and check the magic, writing it if the file is new (callers hold the lock then)."""
@@ -512,6 +551,8 @@ class _Journal:
             os.close(fd)
             raise CorruptFileError(self.path, "not an apsi_memory store index (wrong magic)")
         self.fd, self.offset = fd, len(_MAGIC)
+        self.inode = os.fstat(fd).st_ino
+        self.replaced = False
         self.damaged = False  # damaged records were skipped: the next writer rewrites the journal without them
 
     def reopen(self) -> None:
@@ -522,6 +563,10 @@ class _Journal:
         """Records appended since the last look. After a compaction (a ``MOVED`` record) the journal is reopened
         and the answer is ``RESET`` followed by the whole new journal."""
         records: list[Record] = []
+        self.seen = self.generation[:_GENERATION.size]  # before reading: a later bump makes the next look read
+        if self.replaced:
+            self.reopen()
+            return [Record(OP_RESET)] + self.read_new()
         size = self.end_seen = os.fstat(self.fd).st_size
         while self.offset < size:
             buf = os.pread(self.fd, min(size - self.offset, READ_CHUNK), self.offset)
@@ -563,12 +608,13 @@ class _Journal:
             raise
         starts = [self.offset + end - len(r.value) for end, r in zip(ends, records)]
         self.offset = self.end_seen = self.offset + len(data)
+        self._bump()
         return starts
 
     def take_touches(self) -> list[Record]:
-        touches = [Record(OP_TOUCH, key) for key in self.pending_touches]
-        self.pending_touches = []
-        return touches
+        """The reads remembered since the last write, as one record (recency for the other processes)."""
+        keys, self.pending_touches = self.pending_touches, []
+        return [Record(OP_TOUCH, pack_keys(keys))] if keys else []
 
     def replace(self, entries: list[tuple[bytes, Entry]]) -> None:
         """Compaction, under the lock: one SET per live entry (inline values copied) goes to a temp file that
@@ -593,21 +639,42 @@ class _Journal:
         os.close(fd)
         os.replace(temp, self.path)
         _write_all(self.fd, pack_record(Record(OP_MOVED)))
+        self._bump()
+
+    def after_fork(self) -> None:
+        """``flock`` belongs to an open file, which a forked child shares with its parent: without a file of its
+        own the child's lock would not exclude the parent's."""
+        if self.fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def close(self) -> None:
         """Write remembered reads (so recency survives a restart), then close. Safe to call twice; runs at exit."""
         if self.fd < 0:
             return
-        if self.pending_touches:
-            with self.locked():
-                self.read_new()
-                try:
+        try:
+            if self.pending_touches:
+                with self.locked():
+                    self.read_new()
                     self.append(self.take_touches())
-                except OSError:
-                    pass  # recency is a hint; losing it at exit on a full disk loses no value
-        os.close(self.fd)
-        os.close(self.lock_fd)
-        self.fd = -1
+        except OSError:
+            pass  # recency is a hint: a full disk or a store folder removed meanwhile loses no value
+        finally:
+            os.close(self.fd)
+            os.close(self.lock_fd)
+            self.generation.close()
+            self.fd = -1
+
+
+_open_journals: "weakref.WeakSet[_Journal]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for journal in list(_open_journals):
+        journal.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # -- where stores may live -----------------------------------------------------------------------------------------
@@ -860,12 +927,14 @@ class Store:
             gone = list(self._index.entries.values())
             self._index.clear()
             self._ram.clear()
-            self._compact_if_due()
+            self._compact_if_due(force=True)
         self._unlink(gone)
 
     # -- keeping in step with the journal --
 
     def _catch_up(self) -> None:
+        if not self._journal.changed():
+            return
         reset = False
         for record in self._journal.read_new():
             self._index.apply(record)
@@ -897,7 +966,7 @@ class Store:
         if len(self._journal.pending_touches) >= TOUCH_BATCH:
             self.flush()
 
-    def _compact_if_due(self) -> None:
+    def _compact_if_due(self, force: bool = False) -> None:
         """Under the journal lock. Dead bytes (replaced or deleted inline values, old records) are dropped by
         rewriting the journal once they outweigh the live inline values (so the journal is at most twice what it
         must be, and compaction costs O(1) per byte written), or once the store is over its limit on disk."""
@@ -905,9 +974,15 @@ class Store:
         dead = self._journal.offset - inline
         on_disk = self._index.total - inline + self._journal.offset
         over_limit = on_disk > self.disk_limit and dead > self.disk_limit // 10
-        if dead <= max(inline, COMPACT_MIN_BYTES) and not over_limit and not self._journal.damaged:
+        if dead <= max(inline, COMPACT_MIN_BYTES) and not over_limit and not self._journal.damaged and not force:
             return
-        self._journal.replace(list(self._index.entries.items()))
+        keys = sum(len(key) for key in self._index.entries)
+        if shutil.disk_usage(self.folder).free < inline + keys + 64 * (len(self._index.entries) + 1024):
+            return  # no room for the rewrite now; the journal stays valid and a later write tries again
+        try:
+            self._journal.replace(list(self._index.entries.items()))
+        except OSError:
+            return  # the same, had the disk filled up meanwhile
         self._catch_up()
         self._sweep_orphans()
 
@@ -925,7 +1000,10 @@ class Store:
             if self._journal.pending_touches:
                 with self._journal.locked():
                     self._catch_up()
-                    self._append(self._journal.take_touches())
+                    try:
+                        self._journal.append(self._journal.take_touches())
+                    except OSError:
+                        pass  # a full disk: recency is a hint, and a read must not fail for it
 
     def close(self) -> None:
         reactions.unregister(self)

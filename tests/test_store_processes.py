@@ -151,3 +151,24 @@ def test_a_reader_never_sees_a_half_written_value():
     assert [p.exitcode for p in procs] == [0, 0, 0], "a reader failed its checks (see its traceback above)"
     counts = [results.get(timeout=5) for _ in range(2)]
     assert all(hits > 100 for _, hits in counts), counts
+
+
+def write_with(s: memory.Store, prefix: str, count: int) -> None:
+    for i in range(count):
+        s.set(f"{prefix}-{i}", value_for(i, i))
+
+
+def test_a_handle_opened_before_fork_still_excludes_the_parent():
+    """A child that inherits an open store and writes alongside its parent and a sibling loses nothing."""
+    s = memory.store("shared", ram_mb=1, disk_gb=1)
+    s.set("opened", True)
+    children = [FORK.Process(target=write_with, args=(s, name, 300)) for name in ("a", "b")]
+    for child in children:
+        child.start()
+    write_with(s, "parent", 300)
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    reader = memory.store("shared", ram_mb=0, disk_gb=1)
+    lost = [f"{name}-{i}" for name in ("a", "b", "parent") for i in range(300) if reader.get(f"{name}-{i}") is None]
+    assert lost == [] and len(reader) == 901
