@@ -172,11 +172,11 @@ def _mb(n_bytes: int | None) -> str:
     return "-" if n_bytes is None else f"{n_bytes / MiB:,.0f}"
 
 
-def table(results: dict[tuple[str, str], Run], file_bytes: int, with_group: bool) -> str:
+def table(results: dict[tuple[str, str], Run], caches: tuple[str, ...], file_bytes: int, with_group: bool) -> str:
     header = ["way", "cache", "seconds", "GB/s", "x plain mmap", "peak RSS MB"] + (["group peak MB"] if with_group
                                                                                  else [])
     rows = [header]
-    for cache in ("warm", "cold"):
+    for cache in caches:
         plain = results[("plain mmap", cache)].seconds
         for way in WAYS:
             r = results[(way, cache)]
@@ -196,16 +196,14 @@ def table(results: dict[tuple[str, str], Run], file_bytes: int, with_group: bool
     return "\n".join(lines)
 
 
-def verdicts(results: dict[tuple[str, str], Run], block: int) -> list[str]:
-    chunks_warm, plain_warm = results[("memory.chunks", "warm")], results[("plain mmap", "warm")]
-    chunks_cold, plain_cold = results[("memory.chunks", "cold")], results[("plain mmap", "cold")]
-    lines = [f"peak RSS of memory.chunks ({block:,}-row blocks): "
-             f"{_mb(_highest([chunks_warm.peak_rss, chunks_cold.peak_rss]))} MB (target <= 100 MB)"]
-    if None not in (chunks_warm.seconds, plain_warm.seconds, chunks_cold.seconds, plain_cold.seconds):
-        lines.append(f"warm: memory.chunks at {plain_warm.seconds / chunks_warm.seconds:.2f}x plain mmap "  # type: ignore[operator]
-                     "(target >= 0.95x)")
-        lines.append(f"cold: memory.chunks at {plain_cold.seconds / chunks_cold.seconds:.2f}x plain mmap "  # type: ignore[operator]
-                     "(target > 1x)")
+def verdicts(results: dict[tuple[str, str], Run], caches: tuple[str, ...], block: int) -> list[str]:
+    targets = {"warm": ">= 0.95x", "cold": "> 1x"}
+    peaks = [results[("memory.chunks", cache)].peak_rss for cache in caches]
+    lines = [f"peak RSS of memory.chunks ({block:,}-row blocks): {_mb(_highest(peaks))} MB (target <= 100 MB)"]
+    for cache in caches:
+        chunks, plain = results[("memory.chunks", cache)].seconds, results[("plain mmap", cache)].seconds
+        if chunks and plain:
+            lines.append(f"{cache}: memory.chunks at {plain / chunks:.2f}x plain mmap (target {targets[cache]})")
     sums = {r.total for r in results.values() if r.total is not None}
     lines.append("every way got the same sum" if len(sums) == 1 else f"SUMS DIFFER: {sorted(sums)}")
     return lines
@@ -220,6 +218,7 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--keep", action="store_true", help="keep the data file for the next run")
     parser.add_argument("--cgroup", help="also run each child in a v1 memory group with this limit, e.g. 1GiB")
+    parser.add_argument("--cache", choices=("warm", "cold", "both"), default="both")
     args = parser.parse_args()
     if args.child:
         child(args.child[0], args.child[1], args.block)
@@ -231,16 +230,17 @@ def main() -> None:
     path = os.path.join(args.dir, f"apsi-rss-stream-{args.rows}.npy")
     make_file(path, args.rows)
     try:
+        caches = ("warm", "cold") if args.cache == "both" else (args.cache,)
         runs: dict[tuple[str, str], list[Run]] = {}
         for _ in range(args.repeat):  # interleaved, so a noisy moment hits every way alike
-            for cache in ("warm", "cold"):
+            for cache in caches:
                 for way in WAYS:
                     runs.setdefault((way, cache), []).append(run_one(way, cache, path, args.block, limit))
         results = {key: best(value) for key, value in runs.items()}
         print(f"\n{args.rows:,} rows x {COLS} float32 = {os.path.getsize(path) / GiB:.2f} GB, blocks of "
               f"{args.block:,} rows, best of {args.repeat}" + (f", in a {args.cgroup} v1 memory group" if limit else ""))
-        print(table(results, os.path.getsize(path), limit is not None))
-        print("\n".join(verdicts(results, args.block)))
+        print(table(results, caches, os.path.getsize(path), limit is not None))
+        print("\n".join(verdicts(results, caches, args.block)))
     finally:
         if not args.keep:
             os.unlink(path)
