@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from .adapters.cgroup import CgroupMemory, read_cgroup_memory
+from .adapters.cgroup import CgroupMemory, read_cgroup_memory, read_layout
 from .adapters.procfs import MemInfo, read_meminfo
 from .adapters.psi import Psi, read_psi
 from .adapters.root import resolve
@@ -56,4 +56,5 @@ def _host_from_psutil() -> MemInfo:
 def read_memory(root: str | None = None) -> MemoryReading:
     root = resolve(root)
     host = read_meminfo(root) or _host_from_psutil()
-    return MemoryReading(host, read_cgroup_memory(host.total, root), read_psi(root))
+    layout = read_layout(root)
+    return MemoryReading(host, read_cgroup_memory(host.total, root, layout), read_psi(root, layout))

@@ -40,7 +40,6 @@ class PressureMachine:
         """Point the real api at this machine for one test (``monkeypatch`` undoes it)."""
         monkeypatch.setattr(fs_root, "ROOT", str(self.tree))
         monkeypatch.setattr(api, "TRACKER", self.tracker)
-        monkeypatch.setattr(api, "_budget_set", None)
         monkeypatch.delenv(api.BUDGET_ENV, raising=False)
         return self
 

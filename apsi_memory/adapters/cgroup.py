@@ -162,12 +162,34 @@ def _read_level(root: str, files: _Files, directory: str, physical: int) -> _Lev
     return _Level(limit, limit_file, usage, working_set(usage or 0, inactive, limit))
 
 
-def read_cgroup_memory(physical: int, root: str | None = None) -> CgroupMemory | None:
+@dataclass(frozen=True)
+class Layout:
+    """What ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` say, read once per measurement."""
+
+    entries: list[CgroupEntry]
+    mounts: list[Mount]
+
+    def locate(self, version: int) -> tuple[CgroupEntry, str, str] | None:
+        return locate(self.entries, self.mounts, version)
+
+    @property
+    def v2_directory(self) -> str | None:
+        """The v2 group directory (also on hybrid hosts, where only PSI lives there); None without a v2 mount."""
+        found = self.locate(2)
+        return None if found is None else found[1]
+
+
+def read_layout(root: str | None = None) -> Layout:
+    root = resolve(root)
+    return Layout(read_self_cgroup(root), read_mountinfo(root))
+
+
+def read_cgroup_memory(physical: int, root: str | None = None, layout: Layout | None = None) -> CgroupMemory | None:
     """The memory cgroup of this process, or None where there is none to read (bare host, no controller)."""
     root = resolve(root)
-    entries, mounts = read_self_cgroup(root), read_mountinfo(root)
+    layout = layout or read_layout(root)
     for version, files in ((1, V1), (2, V2)):
-        found = locate(entries, mounts, version)
+        found = layout.locate(version)
         if found is None:
             continue
         entry, directory, mount_point = found
@@ -193,10 +215,3 @@ def _combine(version: int, path: str, directory: str, levels: list[_Level]) -> C
         free = limit - levels[0].working_set
     leaf_ws = levels[0].working_set if limit is None else min(levels[0].working_set, limit)
     return CgroupMemory(version, path, directory, limit, limit_file, leaf_ws, free)
-
-
-def v2_group_directory(root: str | None = None) -> str | None:
-    """The v2 group directory (also on hybrid hosts, where only PSI lives there); None without a v2 mount."""
-    root = resolve(root)
-    found = locate(read_self_cgroup(root), read_mountinfo(root), 2)
-    return None if found is None else found[1]

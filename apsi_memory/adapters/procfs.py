@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import CorruptFileError
@@ -80,18 +81,14 @@ class Mount:
     super_options: tuple[str, ...]
 
 
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
 def _unescape(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as \040, \011, \012, \134
-    out, i = [], 0
-    while i < len(field):
-        code = field[i + 1:i + 4]
-        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
-            out.append(chr(int(code, 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    """mountinfo writes space, tab, newline and backslash as \\040, \\011, \\012, \\134."""
+    if "\\" not in field:
+        return field
+    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str, path: str = "/proc/self/mountinfo") -> list[Mount]:

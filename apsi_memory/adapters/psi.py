@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import CorruptFileError
-from .cgroup import v2_group_directory
+from .cgroup import Layout, read_layout
 from .root import read_text, resolve
 
 SYSTEM_PSI = "/proc/pressure/memory"
@@ -41,9 +41,9 @@ def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
     return Psi(shares["some"], shares.get("full"), path)
 
 
-def read_psi(root: str | None = None) -> Psi | None:
+def read_psi(root: str | None = None, layout: Layout | None = None) -> Psi | None:
     root = resolve(root)
-    group = v2_group_directory(root)
+    group = (layout or read_layout(root)).v2_directory
     for path in ([os.path.join(group, "memory.pressure")] if group else []) + [SYSTEM_PSI]:
         text = read_text(root, path)
         if text is not None:
