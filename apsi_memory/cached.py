@@ -13,7 +13,8 @@ import functools
 import hashlib
 import inspect
 import threading
-from typing import Any, Callable, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
 
 from .hashing import function_digest, value_digest
 from .store import DEFAULT_DISK_GB, DEFAULT_RAM_MB, Store
@@ -41,19 +42,22 @@ def cached(func: Callable[..., Any] | None = None, *, store: Store | str = DEFAU
     The store opens on the first call, so decorating costs nothing at import. The wrapper's ``.store`` is that
     store (``None`` before the first call)."""
     if func is None:
-        return lambda f: cached(f, store=store, ram_mb=ram_mb, disk_gb=disk_gb)
-    if not callable(func):
-        raise TypeError(f"@cached decorates a function, not {type(func).__name__}")
+        return lambda f: _Cached(f, store, ram_mb, disk_gb).wrapper()
     return _Cached(func, store, ram_mb, disk_gb).wrapper()
 
 
 class _Cached:
     def __init__(self, func: Callable[..., Any], store: Store | str, ram_mb: float, disk_gb: float) -> None:
+        if not callable(func):
+            raise TypeError(f"@cached decorates a function, not {type(func).__name__}")
         self.func = func
         self.signature = inspect.signature(func)
         self.code = function_digest(func)
-        self.store = store if isinstance(store, Store) else None
-        self.opener = functools.partial(open_store, store, ram_mb=ram_mb, disk_gb=disk_gb)
+        self.store: Store | None = None
+        if isinstance(store, Store):
+            self.store = store
+        else:
+            self.opener = functools.partial(open_store, store, ram_mb=ram_mb, disk_gb=disk_gb)
         self.lock = threading.Lock()
 
     def wrapper(self) -> Callable[..., Any]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import hashlib
 import pickle
 import types
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ DIGEST_BYTES = 32
 def array_digest(array: np.ndarray, workers: int | None = None) -> bytes:
     """SHA-256 of dtype, shape and bytes (C order; a non-contiguous array is copied once to get there)."""
     contiguous = np.ascontiguousarray(array)
-    data = memoryview(contiguous.reshape(-1).view(np.uint8))
+    data = contiguous.reshape(-1).view(np.uint8).data
     head = f"{contiguous.dtype.str}{contiguous.shape}".encode()
     if len(data) < PARALLEL_FROM_BYTES:
         return _sha(head, data)

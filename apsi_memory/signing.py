@@ -11,7 +11,7 @@ import hmac
 import os
 import struct
 import threading
-from functools import lru_cache
+from functools import cache
 
 from .errors import CorruptFileError
 from .paths import key_path, private_dir
@@ -72,10 +72,10 @@ def sign(key: bytes, *parts: bytes | memoryview) -> bytes:
     return hmac.digest(key, lengths + b"".join(parts), "sha256")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _lengths(count: int) -> struct.Struct:
     return struct.Struct(f"<{count + 1}Q")
 
 
-def verify(key: bytes, signature: bytes, *parts: bytes) -> bool:
+def verify(key: bytes, signature: bytes, *parts: bytes | memoryview) -> bool:
     return hmac.compare_digest(signature, sign(key, *parts))

@@ -47,6 +47,7 @@ lose recent entries, and the CRC'd journal then drops whatever it cannot read ba
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import mmap
 import os
@@ -59,12 +60,12 @@ import warnings
 import weakref
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from itertools import accumulate
-from typing import Any, Callable, Iterator, NamedTuple, Union
+from typing import Any, NamedTuple
 
-import fcntl
 import numpy as np
 import numpy.lib.format as npformat
 
@@ -75,7 +76,7 @@ from .paths import display, private_dir, store_dir
 from .signing import SIGNATURE_BYTES, sign, user_key, verify
 from .units import GiB, MiB, fmt_mb
 
-Key = Union[str, int, bytes]
+Key = str | int | bytes
 
 DEFAULT_RAM_MB = 256.0
 DEFAULT_DISK_GB = 10.0
@@ -180,7 +181,7 @@ def record_length(buf: bytes, pos: int = 0) -> int | None:
     if pos + _FRAME.size > len(buf):
         return None
     meta_len, value_len, _ = _FRAME.unpack_from(buf, pos)
-    return _FRAME.size + meta_len + value_len
+    return int(_FRAME.size + meta_len + value_len)
 
 
 def _record_at(buf: bytes, pos: int, base: int) -> Record | None:
@@ -358,8 +359,9 @@ class _Blob(NamedTuple):
 
 
 @lru_cache(maxsize=1024)
-def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+def _npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
     out = io.BytesIO()
+    descr = npformat.dtype_to_descr(dtype)  # a list for structured dtypes: hence the cache keys on the dtype
     npformat.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
     return out.getvalue()
 
@@ -390,8 +392,8 @@ def _array_blob(secret: bytes, key: bytes, value: np.ndarray, keep_in_ram: Calla
     # The RAM tier keeps its own read-only copy, so changing the caller's array later cannot change the cache.
     kept = keep_in_ram(value.nbytes)
     array = np.array(value, order="C", copy=True) if kept else np.ascontiguousarray(value)
-    header = _npy_header(npformat.dtype_to_descr(array.dtype), array.shape)
-    data = memoryview(array.reshape(-1).view(np.uint8))
+    header = _npy_header(array.dtype, array.shape)
+    data = array.reshape(-1).view(np.uint8).data
     size = len(header) + array.nbytes + SIGNATURE_BYTES
     if array.nbytes >= MMAP_MIN_BYTES:
         kind, signature = KIND_NPY_MAP, sign(secret, b"M", key, header, str(size).encode())
@@ -666,7 +668,7 @@ class _Journal:
             self.fd = -1
 
 
-_open_journals: "weakref.WeakSet[_Journal]" = weakref.WeakSet()
+_open_journals: weakref.WeakSet[_Journal] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -732,7 +734,9 @@ class Store:
 
     def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
-        from .api import current_level  # api imports the adapters; keep importing this module cheap
+        from .api import (
+            current_level,  # api imports the adapters; keep importing this module cheap
+        )
 
         self.folder = folder
         self.label = label

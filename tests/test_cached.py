@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import subprocess
 import sys
 import textwrap
@@ -86,7 +85,7 @@ def test_results_survive_a_restart_and_big_arrays_come_back_memory_mapped(home, 
     """)
     env = {"APSI_HOME": str(home / "home"), "APSI_STORE_DIR": str(home / "stores"), "PATH": "/usr/bin:/bin"}
     runs = [subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, capture_output=True, text=True,
-                           timeout=60) for _ in range(2)]
+                           timeout=60, check=False) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
     assert runs[0].stdout.split() == ["computed", "999999.0", "False"]  # computed: the function's own array
     assert runs[1].stdout.split() == ["999999.0", "True"]  # after the restart: from the SSD, mapped
@@ -94,7 +93,7 @@ def test_results_survive_a_restart_and_big_arrays_come_back_memory_mapped(home, 
 
 def define(source: str, calls: list) -> object:
     namespace = {"__name__": "work", "calls": calls}
-    exec(compile(source, "work.py", "exec"), namespace)
+    exec(compile(source, "work.py", "exec"), namespace)  # noqa: S102 (the test's own source: a module body)
     return namespace["f"]
 
 
@@ -182,14 +181,14 @@ def test_a_named_store_and_a_store_object(home):
 
 def test_sets_hash_the_same_in_every_process(home):
     code = "from apsi_memory.hashing import value_digest; print(value_digest({'a', 'b', 'c', 'd'}).hex())"
-    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                               env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout
                for seed in (1, 2, 3)}
     assert len(digests) == 1 and digests != {""}
 
 
 def test_big_arrays_hash_in_pieces_and_still_by_content(monkeypatch):
-    import apsi_memory.hashing as hashing
+    from apsi_memory import hashing
 
     monkeypatch.setattr(hashing, "PIECE_BYTES", 4096)
     monkeypatch.setattr(hashing, "PARALLEL_FROM_BYTES", 8192)

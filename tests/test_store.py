@@ -336,3 +336,23 @@ def test_the_signing_key_is_private_and_outside_every_store(home):
     key = home / "home" / "key"
     assert key.stat().st_size == 32 and oct(key.stat().st_mode & 0o777) == "0o600"
     assert not any("key" in f for f in os.listdir(home / "stores" / "k"))
+
+
+@pytest.mark.parametrize("n", [3, 10_000, 100_000], ids=["inline", "file", "mapped"])
+def test_structured_and_unusual_dtypes_round_trip(n):
+    s = memory.store("dtypes")
+    values = {
+        "structured": np.array([(i, i / 2) for i in range(n)], dtype=[("id", "<i4"), ("score", "<f8")]),
+        "big endian": np.arange(n, dtype=">i8"),
+        "datetime": np.arange(n).astype("datetime64[s]"),
+        "fortran": np.asfortranarray(np.arange(2 * n, dtype=np.float32).reshape(2, n)),
+        "zero-d": np.array(7.5),
+        "empty": np.zeros((0, n)),
+    }
+    for key, value in values.items():
+        s.set(key, value)
+    s.relieve()
+    for key, value in values.items():
+        got = s.get(key)
+        assert got.dtype == value.dtype and got.shape == value.shape, key
+        np.testing.assert_array_equal(got, value)

@@ -167,7 +167,7 @@ def test_entries_written_with_another_users_key_are_not_loaded(home, monkeypatch
     s.close()
     monkeypatch.setenv("APSI_HOME", str(home / "another user"))
     other = memory.store("t", ram_mb=0)
-    assert signing.user_key() != open(home / "home" / "key", "rb").read()
+    assert signing.user_key() != (home / "home" / "key").read_bytes()
     with pytest.warns(TamperWarning):
         assert other.get("file") is None and other.get("inline") is None
     assert len(other) == 0
