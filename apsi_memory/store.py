@@ -19,18 +19,21 @@ a CRC, so one a killed writer left half-written is recognised and cut off by the
 names is an orphan nobody reads (swept later). An entry reads back whole or not at all.
 
 *Sizes are running totals*: the journal replays into an in-memory LRU index (``_Index``) holding each entry's
-file size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also
-restores recency (``T`` records mark reads) without unpickling anything.
+size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also
+restores recency without unpickling anything: reads are remembered and written as one ``T`` record with the next
+write (or every 512 reads, or at exit), so a read costs no disk write.
 
 *Compaction*: replaced and deleted inline values stay in the journal as dead bytes until they outweigh the live
 ones (or the store is over its limit on disk); then the journal is rewritten with the live entries only, and a
 ``MOVED`` record sends every process still reading the old file to the new one.
 
 *Several processes*: writers hold an exclusive ``flock`` on ``lock`` while they read the records others appended
-since their last look and append their own. ``fcntl.flock`` is used rather than the ``filelock`` package: it is
-stdlib, costs ~1 µs a lock/unlock pair here, and the kernel drops it when a holder dies (a SIGKILLed writer never
-leaves a stale lock file behind, which lock-file schemes must detect by timeouts). Readers take no lock: they
-``fstat`` the journal and parse only complete records, and a value file is never changed once named, so nothing
+since their last look and append their own, then bump a counter kept in the (memory-mapped) lock file.
+``fcntl.flock`` is used rather than the ``filelock`` package: it is stdlib, costs ~1 us a lock/unlock pair here,
+and the kernel drops it when a holder dies (a SIGKILLed writer never leaves a stale lock file behind, which
+lock-file schemes must detect by timeouts). A flock belongs to an open file, so a child forked with an open store
+reopens the lock file (``os.register_at_fork``). Readers take no lock: they compare the shared counter (a memory
+read, not a syscall) and parse only complete records; a value file is never changed once named, so nothing
 half-written is ever read. A file another process removed (evicted, replaced) reads as a miss.
 
 *Tampering*: pickles are loaded only after their signature (over the key and the bytes) checks out; a mismatch
@@ -723,7 +726,7 @@ def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
 _MISSING = object()
 
 
-def _megabytes(value: float, unit: int, what: str) -> int:
+def _size_bytes(value: float, unit: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
         raise SizeError(f"{what} must be a finite number of at least 0, not {value!r}")
     return int(value * unit)
@@ -734,9 +737,8 @@ class Store:
 
     def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
-        from .api import (
-            current_level,  # api imports the adapters; keep importing this module cheap
-        )
+        # Imported here: api pulls in the adapters, and importing the store module should stay cheap.
+        from .api import current_level
 
         self.folder = folder
         self.label = label
@@ -1055,8 +1057,8 @@ def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
     A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); a path must be allowed first with
     ``allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``PermissionError`` says how.
     """
-    ram_bytes = _megabytes(ram_mb, MiB, "ram_mb")
-    disk_bytes = _megabytes(disk_gb, GiB, "disk_gb")
+    ram_bytes = _size_bytes(ram_mb, MiB, "ram_mb")
+    disk_bytes = _size_bytes(disk_gb, GiB, "disk_gb")
     folder = resolve_folder(name_or_path)
     text = os.fspath(name_or_path)
     label = text if folder == os.path.join(store_dir(), text) else display(folder)
