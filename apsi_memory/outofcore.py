@@ -25,10 +25,10 @@ In-RAM arrays need none of this: their blocks are plain views.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import ctypes
-import ctypes.util
 import mmap
 import numbers
 import os
@@ -237,34 +237,37 @@ class Region:
 _MEMORY_ONLY_FILES = ("/dev/zero", "/memfd:", "/SYSV", "/dev/shm/")
 
 
-def parse_maps(text: str) -> list[Region]:
-    """``7f..-7f.. r--s 00001000 fd:01 1234   /data/x.npy`` per line (the path may hold spaces, or be absent)."""
-    regions = []
-    for line in text.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) < 5:
-            continue
-        start, end = (int(part, 16) for part in fields[0].split("-"))
-        path = fields[5] if len(fields) == 6 else ""
-        perms = fields[1]
-        regions.append(Region(start, end, perms[3:4] == "s", perms[1:2] == "w", int(fields[2], 16), path))
-    return regions
-
-
-def covering_region(regions: Sequence[Region], start: int, end: int) -> Region | None:
-    """The file mapping that holds ``[start, end)``, joining neighbours the kernel split (same file, consecutive
-    offsets, same sharing); ``None`` if the range is not one file mapping."""
-    joined: Region | None = None
-    for region in regions:
-        if joined is not None and _continues(joined, region):
-            joined = Region(joined.start, region.end, joined.shared, joined.writable, joined.file_offset, joined.path)
-        elif region.start <= start < region.end:
-            joined = region
-        elif joined is not None:
-            break
-    if joined is None or not joined.is_file or end > joined.end:
+def parse_maps_line(line: str) -> Region | None:
+    """``7f..-7f.. r--s 00001000 fd:01 1234   /data/x.npy`` (the path may hold spaces, or be absent)."""
+    fields = line.split(maxsplit=5)
+    if len(fields) < 5:
         return None
-    return joined
+    start, end = (int(part, 16) for part in fields[0].split("-"))
+    perms = fields[1]
+    path = fields[5] if len(fields) == 6 else ""
+    return Region(start, end, perms[3:4] == "s", perms[1:2] == "w", int(fields[2], 16), path)
+
+
+def region_in_maps(maps: str, start: int, end: int) -> Region | None:
+    """The file mapping in ``/proc/self/maps`` text that holds ``[start, end)``, joining neighbours the kernel
+    split (same file, consecutive offsets, same access); ``None`` if the range is not one file mapping.
+
+    The lines are sorted by address: a binary search finds the first, so only a few lines are parsed."""
+    lines = maps.splitlines()
+    first = bisect.bisect_right(lines, start, key=_line_start) - 1
+    joined = parse_maps_line(lines[first]) if first >= 0 else None
+    if joined is None or not joined.start <= start < joined.end:
+        return None
+    for line in lines[first + 1:]:
+        region = parse_maps_line(line)
+        if joined.end >= end or region is None or not _continues(joined, region):
+            break
+        joined = Region(joined.start, region.end, joined.shared, joined.writable, joined.file_offset, joined.path)
+    return joined if joined.is_file and end <= joined.end else None
+
+
+def _line_start(line: str) -> int:
+    return int(line[:line.find("-")] or "0", 16)
 
 
 def _continues(left: Region, right: Region) -> bool:
@@ -275,10 +278,9 @@ def _continues(left: Region, right: Region) -> bool:
 # -- the kernel: advice on one file mapping ------------------------------------------------------------------------
 
 def _load_libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None or not hasattr(mmap, "MADV_DONTNEED"):
-        return None
-    libc = ctypes.CDLL(name, use_errno=True)
+    if sys.platform != "linux" or not hasattr(mmap, "MADV_DONTNEED"):
+        return None  # /proc/self/maps, mincore on file pages and cachestat are Linux's
+    libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter already uses
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     libc.syscall.restype = ctypes.c_long
@@ -360,9 +362,12 @@ class Pages:
         for offset, length in self._write_behind.drain():
             _fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
             again.append((offset, length))
-        timer = threading.Timer(SETTLE_SECONDS, _drop_and_close, (self._fd, again))
-        timer.daemon = True
-        timer.start()
+        if again:
+            timer = threading.Timer(SETTLE_SECONDS, _drop_and_close, (self._fd, again))
+            timer.daemon = True
+            timer.start()
+        else:  # a warm file: nothing of ours to drop
+            os.close(self._fd)
         self._fd = None
 
     def _clip(self, start: int, end: int) -> tuple[int, int]:
@@ -405,21 +410,23 @@ def _drop_and_close(fd: int, ranges: list[tuple[int, int]]) -> None:
 
 
 class Background:
-    """One thread that makes slow system calls in the order they were asked for. At most ``depth`` wait, so a
-    slow disk slows the caller down instead of piling up calls. An exception in a call (a bug: the calls
-    themselves ignore the kernel's refusals) is raised again by ``close``."""
+    """One thread, started on the first call, that makes slow system calls in the order they were asked for. At
+    most ``depth`` wait, so a slow disk slows the caller down instead of piling up calls. An exception in a call
+    (a bug: the calls themselves ignore the kernel's refusals) is raised again by ``close``."""
 
     def __init__(self, depth: int = 4) -> None:
         self._calls: queue.Queue[tuple[Callable[..., None], tuple[object, ...]] | None] = queue.Queue(depth)
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="apsi-pages", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     def submit(self, call: Callable[..., None], *args: object) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="apsi-pages", daemon=True)
+            self._thread.start()
         self._calls.put((call, args))
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._calls.put(None)
             self._thread.join()
         if self._error is not None:
@@ -465,7 +472,7 @@ class _CacheStat(ctypes.Structure):
 
 
 _SYS_CACHESTAT = 451  # the same number on every architecture that has it (Linux 6.5)
-_cachestat_works = sys.platform == "linux"
+_cachestat_works = True
 
 
 def _cached_pages(fd: int, offset: int, length: int) -> int | None:
@@ -523,7 +530,7 @@ def file_region(array: np.ndarray) -> Region | None:
     first, end = row_extent(array)
     try:
         with open("/proc/self/maps") as maps:
-            return covering_region(parse_maps(maps.read()), first, end)
+            return region_in_maps(maps.read(), first, end)
     except OSError:
         return None
 

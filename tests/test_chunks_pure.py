@@ -8,7 +8,7 @@ import pytest
 
 from apsi_memory.errors import ChunkError
 from apsi_memory.outofcore import DEFAULT_BLOCK_BYTES, FOLIO_PAGES, PAGE, ReleaseFront, Residency, WriteBehind, \
-    block_spans, check_rows, covering_region, default_rows, false_runs, parse_maps, rows_follow_each_other
+    block_spans, check_rows, default_rows, false_runs, parse_maps_line, region_in_maps, rows_follow_each_other
 
 
 def test_block_spans_cover_the_rows_in_order_with_a_shorter_last_block() -> None:
@@ -112,34 +112,42 @@ MAPS = """\
 """
 
 
-def test_parse_maps_reads_sharing_offset_and_paths_with_spaces() -> None:
-    regions = parse_maps(MAPS)
-    assert len(regions) == 7
-    features = regions[1]
+def test_parse_maps_line_reads_sharing_offset_and_paths_with_spaces() -> None:
+    regions = [parse_maps_line(line) for line in MAPS.splitlines()]
+    assert all(r is not None for r in regions)
+    heap, features, features_2, zero, spill, anonymous, private = regions  # type: ignore[misc]
     assert (features.start, features.end, features.shared, features.writable) == (0x7F0000000000, 0x7F0000400000,
                                                                                     True, False)
     assert features.path == "/data/my features.npy" and features.is_file
-    assert regions[2].file_offset == 0x400000
-    assert regions[5].path == "" and not regions[5].is_file
-    assert not regions[3].is_file  # shared anonymous memory is RAM, not a file on a disk
-    assert regions[4].is_file and regions[4].writable
-    assert not regions[6].shared
+    assert features_2.file_offset == 0x400000
+    assert anonymous.path == "" and not anonymous.is_file and not heap.is_file
+    assert not zero.is_file  # shared anonymous memory is RAM, not a file on a disk
+    assert spill.is_file and spill.writable
+    assert not private.shared
+    assert parse_maps_line("") is None
 
 
-def test_covering_region_joins_a_mapping_the_kernel_split() -> None:
-    region = covering_region(parse_maps(MAPS), 0x7F0000100000, 0x7F0000700000)
+def test_region_in_maps_joins_a_mapping_the_kernel_split() -> None:
+    region = region_in_maps(MAPS, 0x7F0000100000, 0x7F0000700000)
     assert region is not None
     assert (region.start, region.end, region.file_offset) == (0x7F0000000000, 0x7F0000800000, 0)
+    assert region_in_maps(MAPS, 0x7F0000100000, 0x7F0000200000) == parse_maps_line(MAPS.splitlines()[1])
+
+
+def test_region_in_maps_finds_the_last_mapping() -> None:
+    region = region_in_maps(MAPS, 0x7F0000B00000, 0x7F0000C00000)
+    assert region is not None and region.path == "/data/private.npy"
 
 
 @pytest.mark.parametrize("start,end", [
     (0x55D0C8A00010, 0x55D0C8A00020),  # the heap: RAM
     (0x7F0000800000, 0x7F0000800100),  # shared anonymous memory: RAM
     (0x7F0000300000, 0x7F0000880000),  # runs past the file into other memory
-    (0x1000, 0x2000),  # not mapped at all
+    (0x1000, 0x2000),  # before every mapping
+    (0x7F0000C00000, 0x7F0000C00100),  # after every mapping
 ])
-def test_covering_region_is_none_for_anything_but_one_file(start: int, end: int) -> None:
-    assert covering_region(parse_maps(MAPS), start, end) is None
+def test_region_in_maps_is_none_for_anything_but_one_file(start: int, end: int) -> None:
+    assert region_in_maps(MAPS, start, end) is None
 
 
 def test_rows_follow_each_other_in_c_order_and_column_slices_only() -> None:
