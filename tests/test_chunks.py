@@ -11,6 +11,7 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.errors import ChunkError, CorruptFileError
+from tests.test_map import on_ssd, spill  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(autouse=True)
@@ -56,8 +57,7 @@ def test_writes_through_blocks_of_a_writable_memmap_reach_the_file(tmp_path: Pat
     assert (np.load(path) == 7.0).all()
 
 
-def test_a_memory_array_on_the_ssd_streams(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("APSI_RAM_BUDGET", "0")
+def test_a_memory_array_on_the_ssd_streams(on_ssd: Path) -> None:
     x = memory.array((300_000, 4), "float32")  # 4.6 MB: over the (empty) budget, so on the SSD
     assert memory.on_disk(x)
     x[:] = np.arange(4, dtype=np.float32)

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 import apsi_memory as memory
+from tests.test_map import on_ssd, spill  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="page-cache and madvise behaviour is Linux's")
 
@@ -159,10 +160,7 @@ def test_breaking_out_of_the_loop_releases_everything(big_file: str) -> None:
     assert eventually(lambda: cached_bytes(big_file) <= HEADER_PAGES_SLACK)
 
 
-def test_map_releases_input_and_output_as_it_goes(big_file: str, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("APSI_RAM_BUDGET", "0")  # the output goes to the SSD
-    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path / "spill"))
+def test_map_releases_input_and_output_as_it_goes(big_file: str, on_ssd: Path) -> None:
     make_cold(big_file)
     before = rss()
     y = memory.map(lambda b: b + 1.0, big_file, rows=BLOCK, workers=2)

@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -22,10 +23,11 @@ def spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def on_ssd(spill: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A RAM budget of zero: every output over 1 MiB goes to a spill file."""
-    monkeypatch.setenv("APSI_RAM_BUDGET", "0")
-    return spill
+def on_ssd(spill: Path) -> Iterator[Path]:
+    """A RAM budget of zero: every array over 1 MiB goes to a spill file."""
+    memory.budget(0)
+    yield spill
+    memory.budget("auto")
 
 
 def spill_files(folder: Path) -> list[str]:
