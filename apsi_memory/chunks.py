@@ -3,16 +3,21 @@
     for block in memory.chunks("features.npy", rows=1_000_000):
         total += block.sum()
 
-Each block is a view (no copy) of consecutive rows; the last one is shorter. For a file, the next block is read by
-the kernel while this one is used, and each finished block is released from the process and from the page cache
-it brought in (see ``outofcore``), so a file much larger than RAM streams in a few blocks' worth of memory.
+Each block is a view (no copy) of consecutive rows; the last one is shorter. For a file, the next block is read
+(on a background thread) while this one is used, and each finished block is released from the process and from
+the page cache it brought in (see ``outofcore``), so a file much larger than RAM streams in a few blocks' worth of
+memory, and a file that was cached before stays cached.
 
 Documented behaviour at the edges:
 
-* a 1-d array streams its elements (``rows`` elements per block); an empty array yields no block;
+* a 1-d array streams its elements (``rows`` elements per block); an array with no rows yields no block;
 * blocks from a ``.npy`` path are read-only; pass your own ``np.memmap(mode="r+")`` to write through them;
 * a block kept after the loop moved on stays valid (its pages are read back from the file when touched);
-* breaking out of the loop (or ``close()`` on the iterator) releases everything at once;
+* breaking out of the loop (or ``close()`` on the iterator) releases everything at once; pages whose reads were
+  still in flight are dropped from the page cache a moment later;
+* a copy-on-write memmap (``mode="c"``) is not released from the process (its changed pages exist only there);
+  a file this user neither owns nor may write is not dropped from the page cache (the kernel does not say which
+  of its pages were cached before);
 * in-RAM arrays of any layout and dtype (object too) give views; files and memory-mapped arrays must store their
   rows one after another (C order): Fortran-order files, 0-d arrays, object-dtype files (never unpickled),
   truncated or non-``.npy`` files and ``rows <= 0`` raise ``ChunkError`` / ``CorruptFileError`` at the call.

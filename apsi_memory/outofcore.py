@@ -55,6 +55,7 @@ RESIDENCY_AHEAD_BYTES = 64 * MiB
 FOLIO_PAGES = 2 * MiB // PAGE
 # Written pages released but perhaps not yet on the disk may add up to this before we wait for the disk.
 WRITE_BEHIND_BYTES = 16 * MiB
+# Read-ahead reads this much per call, into one reused scratch buffer (what matters is the page cache it fills).
 READ_PIECE_BYTES = 1 * MiB
 # Reads still in flight when a stream ends have landed well within this; then their pages can be dropped.
 SETTLE_SECONDS = 0.25
@@ -259,8 +260,10 @@ def region_in_maps(maps: str, start: int, end: int) -> Region | None:
     if joined is None or not joined.start <= start < joined.end:
         return None
     for line in lines[first + 1:]:
+        if joined.end >= end:
+            break
         region = parse_maps_line(line)
-        if joined.end >= end or region is None or not _continues(joined, region):
+        if region is None or not _continues(joined, region):
             break
         joined = Region(joined.start, region.end, joined.shared, joined.writable, joined.file_offset, joined.path)
     return joined if joined.is_file and end <= joined.end else None
@@ -356,9 +359,8 @@ class Pages:
         self._kernel.close()
         if self._fd is None:
             return
-        if not self._may_drop:
-            self._last_runs = []
-        again = [self._file_range(first_page * PAGE, count * PAGE) for first_page, count in self._last_runs]
+        again = [self._file_range(first_page * PAGE, count * PAGE)
+                 for first_page, count in (self._last_runs if self._may_drop else [])]
         for offset, length in self._write_behind.drain():
             _fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
             again.append((offset, length))
@@ -382,10 +384,11 @@ class Pages:
         Measured here, this beat ``MADV_WILLNEED``, which the kernel serves one small read-ahead window at a
         time in the calling thread."""
         assert self._fd is not None
+        scratch = memoryview(self._scratch)
         for first_page, count in runs:
             offset, length = self._file_range(first_page * PAGE, count * PAGE)
             for piece in range(offset, offset + length, READ_PIECE_BYTES):
-                if os.preadv(self._fd, [self._scratch], piece) == 0:
+                if os.preadv(self._fd, [scratch[:offset + length - piece]], piece) == 0:
                     return  # the file ends here
 
     def _drop_runs(self, uncached_runs: list[tuple[int, int]]) -> None:

@@ -1,14 +1,17 @@
-"""The pure rules under chunks/map: block spans, what may be released when, which pages were ours, how much written
-data may wait for the disk, and reading /proc/self/maps."""
+"""The pure rules under chunks/map (block spans, what may be released when, which pages were ours, how much written
+data may wait for the disk, reading /proc/self/maps) and the background thread that makes the slow calls."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 
 from apsi_memory.errors import ChunkError
-from apsi_memory.outofcore import DEFAULT_BLOCK_BYTES, FOLIO_PAGES, PAGE, ReleaseFront, Residency, WriteBehind, \
-    block_spans, check_rows, default_rows, false_runs, parse_maps_line, region_in_maps, rows_follow_each_other
+from apsi_memory.outofcore import DEFAULT_BLOCK_BYTES, FOLIO_PAGES, PAGE, Background, ReleaseFront, Residency, \
+    WriteBehind, block_spans, check_rows, default_rows, false_runs, parse_maps_line, region_in_maps, \
+    rows_follow_each_other
 
 
 def test_block_spans_cover_the_rows_in_order_with_a_shorter_last_block() -> None:
@@ -159,3 +162,25 @@ def test_rows_follow_each_other_in_c_order_and_column_slices_only() -> None:
     assert not rows_follow_each_other(c[::-1].shape, c[::-1].strides, 4)
     assert rows_follow_each_other(f[:, :1].shape, f[:, :1].strides, 4)  # one column: still one row after another
     assert rows_follow_each_other((1, 4), f[:1].strides, 4)  # a single row
+
+
+def test_background_runs_calls_in_order_and_raises_a_failed_one_at_close() -> None:
+    done: list[int] = []
+    kernel = Background(depth=1)
+
+    def fail() -> None:
+        raise RuntimeError("bug in a background call")
+
+    kernel.submit(done.append, 1)
+    kernel.submit(fail)
+    kernel.submit(done.append, 2)  # the thread keeps serving after a failure, so the caller never blocks
+    with pytest.raises(RuntimeError, match="bug in a background call"):
+        kernel.close()
+    assert done == [1, 2]
+
+
+def test_background_without_calls_starts_no_thread() -> None:
+    before = threading.active_count()
+    kernel = Background()
+    assert threading.active_count() == before
+    kernel.close()
