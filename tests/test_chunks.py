@@ -57,6 +57,16 @@ def test_writes_through_blocks_of_a_writable_memmap_reach_the_file(tmp_path: Pat
     assert (np.load(path) == 7.0).all()
 
 
+def test_changes_to_a_copy_on_write_memmap_survive_streaming(tmp_path: Path) -> None:
+    # Its changed pages exist only in this process: releasing them would silently undo the changes.
+    path = saved(tmp_path, np.zeros((100_000, 8), np.float32))  # 3.2 MB: many pages per block
+    x = np.load(path, mmap_mode="c")
+    for block in memory.chunks(x, rows=10_000):
+        block += 1.0
+    assert (x == 1.0).all()
+    assert (np.load(path) == 0.0).all()  # and the file is untouched
+
+
 def test_a_memory_array_on_the_ssd_streams(on_ssd: Path) -> None:
     x = memory.array((300_000, 4), "float32")  # 4.6 MB: over the (empty) budget, so on the SSD
     assert memory.on_disk(x)

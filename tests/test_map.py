@@ -57,6 +57,17 @@ def test_a_big_output_is_a_memory_array_on_the_ssd(on_ssd: Path) -> None:
     assert spill_files(on_ssd) == []
 
 
+def test_a_big_output_that_fits_the_budget_stays_in_ram_and_keeps_its_values(spill: Path) -> None:
+    memory.budget("1GB")
+    try:
+        x = np.arange(1_000_000, dtype=np.float64).reshape(-1, 4)  # 8 MB out: over the small-array size
+        y = memory.map(lambda b: b + 0.5, x, rows=50_000)
+        assert not memory.on_disk(y)
+        np.testing.assert_array_equal(y, x + 0.5)
+    finally:
+        memory.budget("auto")
+
+
 def test_a_npy_path_and_a_memmap_are_inputs_too(tmp_path: Path, spill: Path) -> None:
     path = str(tmp_path / "x.npy")
     np.save(path, np.arange(1000, dtype=np.float32).reshape(250, 4))
