@@ -26,11 +26,18 @@ Documented behaviour at the edges:
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
-from .outofcore import BlockPages, Source, block_spans, progress_bar, resolve_source, rows_per_block
+from .outofcore import (
+    BlockPages,
+    Source,
+    block_spans,
+    progress_bar,
+    resolve_source,
+    rows_per_block,
+)
 
 
 def chunks(source: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *,

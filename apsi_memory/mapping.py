@@ -23,20 +23,27 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Callable
 
 import numpy as np
 
 from .errors import BlockError, ChunkError
-from .outofcore import BlockPages, Progress, block_spans, positive_count, progress_bar, resolve_source, \
-    rows_per_block
+from .outofcore import (
+    BlockPages,
+    Progress,
+    block_spans,
+    positive_count,
+    progress_bar,
+    resolve_source,
+    rows_per_block,
+)
 
 Spans = list[tuple[int, int]]
 BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
 
 
-def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,  # noqa: A001
+def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,
         rows: int | None = None, workers: int | None = None, *, progress: bool = False) -> np.ndarray:
     """``fn`` applied to each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy``
     path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight

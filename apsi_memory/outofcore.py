@@ -35,8 +35,9 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.lib.format as npy_format
@@ -441,7 +442,7 @@ class Background:
             call, args = item
             try:
                 call(*args)
-            except BaseException as exc:  # keep serving: the caller may be waiting to put the next call
+            except BaseException as exc:  # noqa: BLE001 -- keep serving: the caller may be waiting to put a call
                 self._error = self._error or exc
 
 
@@ -623,7 +624,7 @@ def _check_npy_size(header: NpyHeader, file_size: int) -> None:
 
 def open_npy(header: NpyHeader) -> np.ndarray:
     """The file's array, memory-mapped read-only (no copy; an empty array needs no mapping)."""
-    order = "F" if header.fortran_order else "C"
+    order: Literal["C", "F"] = "F" if header.fortran_order else "C"
     if int(np.prod(header.shape, dtype=np.int64)) * header.dtype.itemsize == 0:
         return np.empty(header.shape, dtype=header.dtype, order=order)
     return np.memmap(header.path, dtype=header.dtype, mode="r", offset=header.data_offset,
@@ -721,7 +722,7 @@ def progress_bar(show: bool, total_rows: int, what: str) -> Progress:
     if not show:
         return _NoProgress()
     try:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:
         raise ImportError("progress=True needs tqdm: pip install 'apsi-memory[progress]'") from None
     bar: Progress = tqdm(total=total_rows, unit=" rows", unit_scale=True, desc=what)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import hypothesis.extra.numpy as hnp
 import numpy as np

@@ -3,15 +3,29 @@ data may wait for the disk, reading /proc/self/maps) and the background thread t
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
 import pytest
 
 from apsi_memory.errors import ChunkError
-from apsi_memory.outofcore import DEFAULT_BLOCK_BYTES, FOLIO_PAGES, PAGE, Background, ReleaseFront, Residency, \
-    WriteBehind, block_spans, check_rows, default_rows, false_runs, parse_maps_line, region_in_maps, \
-    rows_follow_each_other
+from apsi_memory.outofcore import (
+    DEFAULT_BLOCK_BYTES,
+    FOLIO_PAGES,
+    PAGE,
+    Background,
+    ReleaseFront,
+    Residency,
+    WriteBehind,
+    block_spans,
+    check_rows,
+    default_rows,
+    false_runs,
+    parse_maps_line,
+    region_in_maps,
+    rows_follow_each_other,
+)
 
 
 def test_block_spans_cover_the_rows_in_order_with_a_shorter_last_block() -> None:
@@ -64,7 +78,7 @@ def test_release_front_never_hands_out_a_byte_twice_with_rows_smaller_than_a_pag
     released = [front.finish(i) for i in range(100)] + [front.rest()]
     spans = [r for r in released if r is not None]
     assert spans[0][0] == 0 and spans[-1][1] == 2 * PAGE  # 8000 bytes: two pages
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
 
 
 def test_false_runs() -> None:
@@ -117,8 +131,7 @@ MAPS = """\
 
 def test_parse_maps_line_reads_sharing_offset_and_paths_with_spaces() -> None:
     regions = [parse_maps_line(line) for line in MAPS.splitlines()]
-    assert all(r is not None for r in regions)
-    heap, features, features_2, zero, spill, anonymous, private = regions  # type: ignore[misc]
+    heap, features, features_2, zero, spill, anonymous, private = [r for r in regions if r is not None]
     assert (features.start, features.end, features.shared, features.writable) == (0x7F0000000000, 0x7F0000400000,
                                                                                     True, False)
     assert features.path == "/data/my features.npy" and features.is_file

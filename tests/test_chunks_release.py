@@ -13,15 +13,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import psutil
 import pytest
 
 import apsi_memory as memory
-from tests.test_map import on_ssd, spill  # noqa: F401 (fixtures)
+from tests import test_map
+
+on_ssd, spill = test_map.on_ssd, test_map.spill  # the SSD-placement fixtures, shared
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="page-cache and madvise behaviour is Linux's")
 
@@ -169,6 +171,7 @@ def test_map_releases_input_and_output_as_it_goes(big_file: str, on_ssd: Path) -
     assert cached_bytes(big_file) <= HEADER_PAGES_SLACK
     from apsi_memory.outofcore import WRITE_BEHIND_BYTES
 
+    assert isinstance(y, np.memmap)
     assert cached_bytes(str(y.filename)) <= WRITE_BEHIND_BYTES + 8 * MiB  # a bounded tail still being written
     total = sum(float(b.sum(dtype=np.float64)) for b in memory.chunks(y, rows=BLOCK))
     assert total == EXPECTED_SUM + ROWS * COLS

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -151,9 +151,14 @@ def test_without_rows_the_blocks_in_flight_hold_about_32_mb_together(spill: Path
 
 
 def test_bad_rows_fail_before_fn_runs(spill: Path) -> None:
-    calls: list[int] = []
+    calls: list[np.ndarray] = []
+
+    def fn(b: np.ndarray) -> np.ndarray:
+        calls.append(b)
+        return b
+
     with pytest.raises(ChunkError, match="rows must be"):
-        memory.map(lambda b: calls.append(1), np.zeros(10), rows=0)  # type: ignore[arg-type,func-returns-value]
+        memory.map(fn, np.zeros(10), rows=0)
     assert calls == []
 
 

@@ -4,7 +4,7 @@ applying it to the whole array — from RAM, a memmap or a file."""
 from __future__ import annotations
 
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from hypothesis import given, settings

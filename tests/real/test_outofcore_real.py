@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Callable, ContextManager
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.real
 MiB = 1 << 20
 LIMIT = 256 * MiB
 COLS = 8
-Memcg = Callable[[int], ContextManager[ChildGroup]]
+Memcg = Callable[[int], AbstractContextManager[ChildGroup]]
 
 
 def write_npy(path: str, n_rows: int) -> float:
