@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/rss_stream.py                       # 100,000,000 x 8 float32 = 3.2 GB in /tmp
     .venv/bin/python benchmarks/rss_stream.py --rows 25_000_000     # a quicker 0.8 GB run
     .venv/bin/python benchmarks/rss_stream.py --cgroup 1GiB         # also inside a v1 memory group (root)
+    .venv/bin/python benchmarks/rss_stream.py --work heavy --cache cold   # read-ahead overlapping the work
 
-Ways, each summing every value (float64 accumulation):
+Ways, each summing every value block by block (float64 accumulation; ``--work heavy`` adds a square root and a
+sine per value, about as long as reading the block from this machine's disk):
 
-* ``np.load``        — the whole file into RAM, then ``sum``;
+* ``np.load``        — the whole file into RAM, then its blocks;
 * ``plain mmap``     — ``np.load(mmap_mode="r")`` iterated in blocks of ``--block`` rows;
 * ``memory.chunks``  — ``memory.chunks(path, rows=--block)``;
 * ``cat``            — ``cat file > /dev/null``: reading the file and nothing else, the physical limit.
@@ -27,7 +29,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,17 +42,23 @@ WAYS = ("np.load", "plain mmap", "memory.chunks", "cat")
 
 # -- the children: one way each, in a fresh process ----------------------------------------------------------------
 
-def child(way: str, path: str, block: int) -> None:
+WORK: dict[str, Callable[[np.ndarray], float]] = {
+    "sum": lambda b: float(b.sum(dtype=np.float64)),
+    # About as long as reading the block from this machine's disk: shows whether reading overlaps computing.
+    "heavy": lambda b: float(np.sqrt(b).sum(dtype=np.float64) + np.sin(b[:, :4]).sum(dtype=np.float64)),
+}
+
+
+def child(way: str, path: str, block: int, work: str) -> None:
     import apsi_memory as memory  # imported by every way, outside the timing, so all start alike
 
     start = time.perf_counter()
-    if way == "np.load":
-        total = float(np.load(path).sum(dtype=np.float64))
-    elif way == "plain mmap":
-        x = np.load(path, mmap_mode="r")
-        total = sum(float(x[i:i + block].sum(dtype=np.float64)) for i in range(0, len(x), block))
+    if way == "memory.chunks":
+        blocks: Iterator[np.ndarray] = memory.chunks(path, rows=block)
     else:
-        total = sum(float(b.sum(dtype=np.float64)) for b in memory.chunks(path, rows=block))
+        x = np.load(path) if way == "np.load" else np.load(path, mmap_mode="r")
+        blocks = (x[i:i + block] for i in range(0, len(x), block))
+    total = sum(WORK[work](b) for b in blocks)
     seconds = time.perf_counter() - start
     print(json.dumps({"seconds": seconds, "sum": total, "peak_rss": own_peak_rss()}))
 
@@ -104,10 +112,10 @@ def warm_cache(path: str) -> None:
     subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
 
 
-def argv_for(way: str, path: str, block: int) -> list[str]:
+def argv_for(way: str, path: str, block: int, work: str) -> list[str]:
     if way == "cat":
         return ["/bin/sh", "-c", 'exec cat "$0" > /dev/null', path]
-    return [sys.executable, os.path.abspath(__file__), "--child", way, path, "--block", str(block)]
+    return [sys.executable, os.path.abspath(__file__), "--child", way, path, "--block", str(block), "--work", work]
 
 
 @contextlib.contextmanager
@@ -127,10 +135,10 @@ def maybe_group(limit: int | None) -> Iterator[str | None]:
         raise SystemExit(f"--cgroup: {skipped}") from None
 
 
-def run_one(way: str, cache: str, path: str, block: int, limit: int | None) -> Run:
+def run_one(way: str, cache: str, path: str, block: int, work: str, limit: int | None) -> Run:
     (warm_cache if cache == "warm" else drop_cache)(path)
     with maybe_group(limit) as group:
-        argv = argv_for(way, path, block)
+        argv = argv_for(way, path, block, work)
         if group is not None:  # join the group, then become the command (as tests/realcg.py does)
             argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', group, *argv]
         started = time.perf_counter()
@@ -219,9 +227,10 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the data file for the next run")
     parser.add_argument("--cgroup", help="also run each child in a v1 memory group with this limit, e.g. 1GiB")
     parser.add_argument("--cache", choices=("warm", "cold", "both"), default="both")
+    parser.add_argument("--work", choices=sorted(WORK), default="sum", help="what each block is used for")
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], args.child[1], args.block)
+        child(args.child[0], args.child[1], args.block, args.work)
         return
     sys.path.insert(0, ROOT)
     from apsi_memory.units import parse_size
@@ -235,10 +244,10 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so a noisy moment hits every way alike
             for cache in caches:
                 for way in WAYS:
-                    runs.setdefault((way, cache), []).append(run_one(way, cache, path, args.block, limit))
+                    runs.setdefault((way, cache), []).append(run_one(way, cache, path, args.block, args.work, limit))
         results = {key: best(value) for key, value in runs.items()}
         print(f"\n{args.rows:,} rows x {COLS} float32 = {os.path.getsize(path) / GiB:.2f} GB, blocks of "
-              f"{args.block:,} rows, best of {args.repeat}" + (f", in a {args.cgroup} v1 memory group" if limit else ""))
+              f"{args.block:,} rows, {args.work} per block, best of {args.repeat}" + (f", in a {args.cgroup} v1 memory group" if limit else ""))
         print(table(results, caches, os.path.getsize(path), limit is not None))
         print("\n".join(verdicts(results, caches, args.block)))
     finally:
