@@ -197,3 +197,15 @@ def test_a_missing_file_is_a_plain_miss():
     os.unlink(data_file(s, "k"))
     reader = fresh()
     assert reader.get("k") is None and "k" not in reader
+
+
+@pytest.mark.parametrize("key_length", [32, 64, 100])
+def test_signatures_are_standard_hmac_sha256(key_length):
+    import hmac
+    import struct
+
+    key, parts = os.urandom(key_length), (b"P", b"skey", os.urandom(300))
+    message = struct.pack("<4Q", 3, 1, 4, 300) + b"".join(parts)
+    assert signing.sign(key, *parts) == hmac.digest(key, message, "sha256")
+    assert signing.verify(key, signing.sign(key, *parts), *parts)
+    assert not signing.verify(key, signing.sign(key, *parts), b"P", b"skey", os.urandom(300))
