@@ -185,6 +185,8 @@ class Residency:
 
 def false_runs(flags: np.ndarray, offset: int) -> list[tuple[int, int]]:
     """``(offset + start, length)`` of each run of ``False`` in ``flags``."""
+    if flags.all():  # a warm file: the common case, answered in one pass
+        return []
     padded = np.concatenate([[True], flags, [True]])
     edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
     starts, ends = edges[0::2], edges[1::2]
