@@ -10,7 +10,8 @@ A table of medians and each figure's speed against joblib's prints at the end (`
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import joblib
 import numpy as np

@@ -20,7 +20,8 @@ import pickle
 import random
 import shutil
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import diskcache
 import numpy as np
