@@ -41,6 +41,8 @@ from .chunks import chunks
 from .mapping import map  # noqa: A004
 
 # -- store and cached (store.py, cached.py) --
+# (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
+from .cached import cached
 from .store import Store, allow_write, store
 
 # -- devices and fit_batch (devices.py, batch.py) --
@@ -86,6 +88,7 @@ __all__ = [
     "report",
     # store and cached
     "Store",
+    "cached",
     "allow_write",
     "store",
     "parse_size",
