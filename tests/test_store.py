@@ -14,12 +14,20 @@ from apsi_memory.decide import Level
 from apsi_memory.errors import SizeError
 from apsi_memory.store import decode_key
 from apsi_memory.units import GiB, MiB
+from sim.pressure import PressureMachine
 
 KIB = 1024
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
+def machine(tmp_path, monkeypatch):
+    """The api reads a simulated container at ``ok``, so this machine's own memory pressure cannot shrink the
+    RAM tiers under test."""
+    return PressureMachine(tmp_path / "machine").install(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch, machine):
     monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
     monkeypatch.delenv("APSI_ALLOW_WRITE", raising=False)
@@ -321,12 +329,41 @@ def test_pressure_halves_then_empties_then_regrows_the_ram_tier():
     assert s.ram_bytes == 9 * 100 * KIB
 
 
+def test_a_store_hears_the_level_measured_on_its_own_sets(machine):
+    """End to end: the (simulated) container fills up, the next ``set`` re-measures, the store reacts."""
+    s = memory.store("measured", ram_mb=1)
+    value = np.zeros(100 * KIB // 8)
+    for i in range(9):
+        s.set(i, value)
+    machine.at(Level.HIGH)
+    machine.next_measurement()
+    s.set("one more", value)
+    assert s.ram_bytes <= MiB // 2
+    machine.at(Level.CRITICAL)
+    machine.next_measurement()
+    s.set("and another", value)
+    assert s.ram_bytes == 0
+    machine.at(Level.OK)
+    machine.next_measurement()
+    s.set("back", value)
+    assert s.ram_bytes == 100 * KIB and len(s) == 12
+
+
+def test_a_store_opened_under_pressure_starts_small(machine):
+    machine.at(Level.HIGH)
+    machine.next_measurement()
+    s = memory.store("opened under pressure", ram_mb=1)
+    for i in range(9):
+        s.set(i, np.zeros(100 * KIB // 8))
+    assert s.ram_bytes <= MiB // 2
+
+
 def test_relieve_empties_the_ram_tier_and_keeps_every_value():
     s = memory.store("relieve")
     for i in range(20):
         s.set(i, {"i": i})
     assert s.ram_bytes > 0
-    reactions.relieve_components()
+    memory.relieve()
     assert s.ram_bytes == 0
     assert [s.get(i)["i"] for i in range(20)] == list(range(20))
 
