@@ -53,7 +53,7 @@ def peak_usage(group: ChildGroup) -> int:
 
 STREAM = """
 import sys, numpy as np, apsi_memory as memory
-print(sum(float(b.sum(dtype=np.float64)) for b in memory.chunks(sys.argv[1], rows=1_000_000)))
+print(sum(float(b.sum(dtype=np.float64)) for b in memory.chunks(sys.argv[1], rows=500_000)))
 """
 
 PLAIN_MMAP = """
@@ -76,7 +76,8 @@ def test_a_file_three_times_the_limit_streams_through_it(memcg: Memcg, tmp_path:
         assert code == 0, out
         assert float(out.split()[-1]) == expected
         assert group.oom_kills() == 0
-        assert peak_usage(group) < LIMIT // 2  # page cache included: what it read was let go (82 MiB here)
+        # Page cache included: the interpreter (~45 MiB), the block in use and the one read ahead (16 MiB each).
+        assert peak_usage(group) < LIMIT // 2
     with memcg(LIMIT) as group:  # plain mmap completes too, but only by running the group into its limit
         code, out = run_in(group, PLAIN_MMAP, path)
         assert code == 0 and float(out.split()[-1]) == expected, out
