@@ -72,7 +72,7 @@ def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans
          workers: int, bar: Progress) -> np.ndarray:
     from . import arrays
 
-    inputs.read_ahead(spans[0][0], spans[min(1, len(spans) - 1)][1])
+    inputs.read_ahead(*spans[0])
     first = _result_of(fn, array, spans, 0)
     if first.dtype.hasobject:
         raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {_rows(spans, 0)}; the "
@@ -80,6 +80,7 @@ def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans
     out = arrays.array((len(array),) + first.shape[1:], first.dtype)
     outputs = BlockPages(out, spans)
     try:
+        outputs.note(spans[0][1])
         out[spans[0][0]:spans[0][1]] = first
         _finished(0, spans, inputs, outputs, bar)
         _run_rest(fn, array, out, spans, inputs, outputs, workers, bar)

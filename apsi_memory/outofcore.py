@@ -314,6 +314,7 @@ class Pages:
         self._scratch = bytearray(READ_PIECE_BYTES)  # read-ahead lands here (and in the page cache)
         self._kernel = Background()
         self._last_runs: list[tuple[int, int]] = []
+        self._read_to = region.start  # read-ahead has been asked for everything before this address
 
     def note(self, end: int) -> None:
         """Note which pages up to ``end`` (and well beyond) are in the page cache before we touch them: the
@@ -333,9 +334,10 @@ class Pages:
         return _mincore(start, end - start)
 
     def read_ahead(self, start: int, end: int) -> None:
-        """Have the pages of ``[start, end)`` that are not cached read now, in the background."""
+        """Have the pages of ``[start, end)`` that were not cached read now, in the background (each page once)."""
         self.note(end)
-        start, end = self._clip(page_floor(start), page_ceil(end))
+        start, end = self._clip(max(page_floor(start), self._read_to), page_ceil(end))
+        self._read_to = max(self._read_to, end)
         runs = self._residency.uncached(start // PAGE, end // PAGE)
         if runs and self._fd is not None:
             self._kernel.submit(self._read_in, runs)
@@ -359,7 +361,12 @@ class Pages:
     def close(self) -> None:
         """Wait for the calls asked for and start writing what is still dirty. A moment later, off this thread
         (reads in flight have landed by then), drop the last release's pages once more and close the file."""
-        self._kernel.close()
+        try:
+            self._kernel.close()
+        finally:
+            self._finish_with_file()
+
+    def _finish_with_file(self) -> None:
         if self._fd is None:
             return
         again = [self._file_range(first_page * PAGE, count * PAGE)
