@@ -199,21 +199,30 @@ def _record_at(buf: bytes, pos: int, base: int) -> Record | None:
     return _record_from(meta, value_len, base + pos + _FRAME.size + meta_len)
 
 
-def parse_records(buf: bytes, base: int = 0) -> tuple[list[Record], int, list[tuple[int, int]]]:
+def parse_records(buf: bytes, base: int = 0, final: bool = False) -> tuple[list[Record], int,
+                                                                          list[tuple[int, int]]]:
     """The intact records in ``buf`` (which starts at journal offset ``base``), the bytes they use, and damaged
     spans that were skipped. A bad record followed by good ones is damage (skipped, reported); one with nothing
-    intact after it, or one that runs past the end of ``buf``, is the tail: being appended right now, or cut short
-    by a crash, so parsing stops there. (Damage to a length field therefore hides the records after it.)"""
+    intact after it is the tail: being appended right now, or cut short by a crash, so parsing stops there.
+
+    A record that runs past the end of ``buf`` is an incomplete tail too, unless ``final`` (the caller holds the
+    lock and ``buf`` reaches the end of the file, so nobody is appending): then intact records after it mean its
+    length field was damaged, and parsing resumes at them (a writer never appends after a torn record)."""
     records: list[Record] = []
     damaged: list[tuple[int, int]] = []
     pos = 0
     while pos < len(buf):
         length = record_length(buf, pos)
         if length is None or pos + length > len(buf):
-            break  # incomplete: the tail
+            resync = _next_intact(buf, pos, None, base) if final else None
+            if resync is None:
+                break  # incomplete: the tail
+            damaged.append((base + pos, base + resync))
+            pos = resync
+            continue
         record = _record_at(buf, pos, base)
         if record is None:
-            resync = _next_intact(buf, pos + 1, base)
+            resync = _next_intact(buf, pos, length, base)
             if resync is None:
                 break
             damaged.append((base + pos, base + resync))
@@ -224,8 +233,15 @@ def parse_records(buf: bytes, base: int = 0) -> tuple[list[Record], int, list[tu
     return records, pos, damaged
 
 
-def _next_intact(buf: bytes, start: int, base: int) -> int | None:
-    for pos in range(start, len(buf) - _FRAME.size + 1):
+RESYNC_WINDOW = 1 * MiB  # past this much garbage, the rest is treated as a torn tail
+
+
+def _next_intact(buf: bytes, bad: int, length: int | None, base: int) -> int | None:
+    """Where intact records resume after the damaged one at ``bad``: where its own length says (damage in its
+    content), else the first intact record within ``RESYNC_WINDOW`` (damage in its length field)."""
+    if length is not None and bad + length < len(buf) and _record_at(buf, bad + length, base) is not None:
+        return bad + length
+    for pos in range(bad + 1, min(len(buf), bad + RESYNC_WINDOW) - _FRAME.size + 1):
         if _record_at(buf, pos, base) is not None:
             return pos
     return None
@@ -578,7 +594,8 @@ class _Journal:
             needed = record_length(buf)
             if needed is not None and needed > len(buf) and self.offset + needed <= size:
                 buf = os.pread(self.fd, needed, self.offset)  # one record longer than a chunk (a huge key)
-            found, used, damaged = parse_records(buf, self.offset)
+            final = self.holding and self.offset + len(buf) == size
+            found, used, damaged = parse_records(buf, self.offset, final)
             for start, end in damaged:
                 self.damaged = True
                 warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "

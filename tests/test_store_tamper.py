@@ -209,3 +209,17 @@ def test_signatures_are_standard_hmac_sha256(key_length):
     assert signing.sign(key, *parts) == hmac.digest(key, message, "sha256")
     assert signing.verify(key, signing.sign(key, *parts), *parts)
     assert not signing.verify(key, signing.sign(key, *parts), b"P", b"skey", os.urandom(300))
+
+
+def test_damage_to_a_record_length_skips_only_that_record():
+    s = memory.store("t")
+    for key in "abc":
+        s.set(key, key * 3)
+    journal = os.path.join(s.folder, "index")
+    with open(journal, "rb") as f:
+        content = f.read()
+    frame_of_b = content.index(b"sb") - 16 - 9 - 1 - 12  # key, name, kind+size, op, then the 12-byte frame
+    flip_byte(journal, frame_of_b + 1)  # the record's length now claims 256 more bytes
+    with pytest.warns(TamperWarning, match="damaged"):
+        reader = fresh()
+    assert (reader.get("a"), reader.get("b"), reader.get("c")) == ("aaa", None, "ccc")
