@@ -25,7 +25,7 @@ write (or every 512 reads, or at exit), so a read costs no disk write.
 
 *Compaction*: replaced and deleted inline values stay in the journal as dead bytes until they outweigh the live
 ones (or the store is over its limit on disk); then the journal is rewritten with the live entries only, and a
-``MOVED`` record sends every process still reading the old file to the new one.
+counter in the lock file (the epoch) sends every process still reading the old file to the new one.
 
 *Several processes*: writers hold an exclusive ``flock`` on ``lock`` while they read the records others appended
 since their last look and append their own, then bump a counter kept in the (memory-mapped) lock file.
@@ -127,12 +127,13 @@ def decode_key(encoded: bytes) -> Key:
 KIND_PICKLE, KIND_NPY_READ, KIND_NPY_MAP = 0, 1, 2
 _EXT = {KIND_PICKLE: ".pkl", KIND_NPY_READ: ".npy", KIND_NPY_MAP: ".npy"}
 NAME_BYTES = 16
-_GENERATION = struct.Struct("<Q")  # appends so far, in the lock file
+_COUNTERS = struct.Struct("<QQ")  # in the lock file: appends so far (generation), compactions so far (epoch)
+_GENERATION_BYTES = 8
 _FRAME = struct.Struct("<III")  # meta length, inline value length, crc32(meta)
 _SET = struct.Struct("<BQ")  # kind, size
-OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR, OP_MOVED = b"S", b"D", b"T", b"C", b"M"
+OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR = b"S", b"D", b"T", b"C"
 OP_RESET = b"R"  # never written: what a reader sees when the journal it held was compacted away
-_OPS = (OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR, OP_MOVED)
+_OPS = (OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR)
 
 
 class Entry(NamedTuple):
@@ -503,6 +504,16 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
+def _pwrite_all(fd: int, data: bytes, folder: str) -> None:
+    try:
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(errno.ENOSPC, "short write")
+    except OSError as err:
+        if err.errno in _NO_SPACE:
+            raise _disk_full(folder, len(data)) from err
+        raise
+
+
 def _disk_full(folder: str, needed: int) -> DiskFullError:
     free = shutil.disk_usage(folder).free
     return DiskFullError(errno.ENOSPC, f"no space left in {display(folder)} for a {fmt_mb(needed)} store entry "
@@ -517,7 +528,11 @@ def _unlink_quietly(path: str) -> None:
 
 
 class _Journal:
-    """The ``index`` file: how far this process has read it (``offset``) and the lock that serialises writers."""
+    """The ``index`` file: how far this process has read it (``offset``) and the lock that serialises writers.
+
+    The lock file also holds two counters, memory-mapped by every process: ``generation`` (appends so far) and
+    ``epoch`` (compactions so far). A reader compares them (a memory read) instead of asking the kernel for the
+    journal's size (a syscall) on every get; a changed epoch means the journal was replaced: reopen it."""
 
     def __init__(self, folder: str) -> None:
         self.path = os.path.join(folder, "index")
@@ -526,27 +541,24 @@ class _Journal:
         _open_journals.add(self)
         self.holding = False  # this handle holds the lock: read everything, trust no shortcut
         self.fd = -1
-        self.inode = 0
-        self.replaced = False
         self.offset = 0
         self.end_seen = 0  # the journal's size at the last read_new
+        self.epoch = -1
+        self.seen = b""  # the generation counter at the last read_new
         self.pending_touches: list[bytes] = []
         with self.locked():
-            if os.fstat(self.lock_fd).st_size < _GENERATION.size:
-                os.ftruncate(self.lock_fd, _GENERATION.size)
+            if os.fstat(self.lock_fd).st_size < _COUNTERS.size:
+                # Written, not ftruncated: the block is allocated now, so a later write through the mapping can
+                # never meet a full disk (which would be a SIGBUS, not an error).
+                _pwrite_all(self.lock_fd, bytes(_COUNTERS.size), os.path.dirname(self.path))
+            self.counters = mmap.mmap(self.lock_fd, _COUNTERS.size)
             self._open()
-        # Writers count their appends in the lock file; a reader compares this shared counter (a memory read)
-        # instead of asking the kernel for the journal's size (a syscall) on every get.
-        self.generation = mmap.mmap(self.lock_fd, _GENERATION.size)
-        self.seen = b""
 
     @contextmanager
     def locked(self) -> Iterator[None]:
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         self.holding = True
         try:
-            if self.fd >= 0 and os.stat(self.path).st_ino != self.inode:
-                self.replaced = True  # compacted by a writer that could not leave a MOVED record (a full disk)
             yield
         finally:
             self.holding = False
@@ -554,16 +566,17 @@ class _Journal:
 
     def changed(self) -> bool:
         """Whether anyone may have appended since this handle last read (always, while holding the lock)."""
-        return self.holding or self.generation[:_GENERATION.size] != self.seen
+        return self.holding or self.counters[:_GENERATION_BYTES] != self.seen
 
-    def _bump(self) -> None:
-        """After an append, under the lock: readers look at the counter, not the file size."""
-        (count,) = _GENERATION.unpack_from(self.generation)
-        _GENERATION.pack_into(self.generation, 0, count + 1)
-        self.seen = self.generation[:_GENERATION.size]  # this handle was caught up before it appended
+    def _bump(self, epoch_step: int = 0) -> None:
+        """After an append (or a step of a compaction), under the lock."""
+        generation, epoch = _COUNTERS.unpack_from(self.counters)
+        _COUNTERS.pack_into(self.counters, 0, generation + 1, epoch + epoch_step)
 
     def _open(self) -> None:
-        """Open and check the magic, writing it if the file is new (callers hold the lock then)."""
+        """Open and check the magic, writing it if the file is new (callers hold the lock then). The epoch is read
+        first: a compaction in between makes the next look reopen again, never miss the switch."""
+        self.epoch = _COUNTERS.unpack_from(self.counters)[1]
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         head = os.pread(fd, len(_MAGIC), 0)
         if not head:
@@ -572,8 +585,6 @@ class _Journal:
             os.close(fd)
             raise CorruptFileError(self.path, "not an apsi_memory store index (wrong magic)")
         self.fd, self.offset = fd, len(_MAGIC)
-        self.inode = os.fstat(fd).st_ino
-        self.replaced = False
         self.damaged = False  # damaged records were skipped: the next writer rewrites the journal without them
 
     def reopen(self) -> None:
@@ -581,13 +592,16 @@ class _Journal:
         self._open()
 
     def read_new(self) -> list[Record]:
-        """Records appended since the last look. After a compaction (a ``MOVED`` record) the journal is reopened
-        and the answer is ``RESET`` followed by the whole new journal."""
-        records: list[Record] = []
-        self.seen = self.generation[:_GENERATION.size]  # before reading: a later bump makes the next look read
-        if self.replaced:
+        """Records appended since the last look; after a compaction, ``RESET`` and the whole new journal."""
+        self.seen = self.counters[:_GENERATION_BYTES]  # before reading: a later bump makes the next look read
+        epoch = _COUNTERS.unpack_from(self.counters)[1]
+        if epoch % 2 and self.holding:
+            self._finish_compaction()
+            epoch += 1
+        if epoch != self.epoch:
             self.reopen()
             return [Record(OP_RESET)] + self.read_new()
+        records: list[Record] = []
         size = self.end_seen = os.fstat(self.fd).st_size
         while self.offset < size:
             buf = os.pread(self.fd, min(size - self.offset, READ_CHUNK), self.offset)
@@ -601,10 +615,6 @@ class _Journal:
                 warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "
                                             "entries recorded there read as misses"), stacklevel=5)
             self.offset += used
-            for at, record in enumerate(found):
-                if record.op == OP_MOVED:
-                    self.reopen()
-                    return records + found[:at] + [Record(OP_RESET)] + self.read_new()
             records += found
             if not used:
                 break  # the tail is being appended right now, or was cut short by a crash
@@ -631,6 +641,7 @@ class _Journal:
         starts = [self.offset + end - len(r.value) for end, r in zip(ends, records)]
         self.offset = self.end_seen = self.offset + len(data)
         self._bump()
+        self.seen = self.counters[:_GENERATION_BYTES]  # this handle was caught up before it appended
         return starts
 
     def take_touches(self) -> list[Record]:
@@ -640,7 +651,7 @@ class _Journal:
 
     def replace(self, entries: list[tuple[bytes, Entry]]) -> None:
         """Compaction, under the lock: one SET per live entry (inline values copied) goes to a temp file that
-        replaces ``index``; a ``MOVED`` record then sends every reader, this one included, to the new file."""
+        replaces ``index``; the epoch then sends every reader, this one included, to the new file."""
         temp = f"{self.path}.{os.urandom(6).hex()}.tmp"
         batch: list[bytes] = [_MAGIC]
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -659,9 +670,20 @@ class _Journal:
                 raise _disk_full(os.path.dirname(self.path), 0) from err
             raise
         os.close(fd)
+        # The epoch is odd while the switch is under way, so a writer killed between the two steps is noticed by
+        # the next lock holder (``_finish_compaction``), whichever file ``index`` then is.
+        self._bump(epoch_step=1)
         os.replace(temp, self.path)
-        _write_all(self.fd, pack_record(Record(OP_MOVED)))
-        self._bump()
+        self._bump(epoch_step=1)
+
+    def _finish_compaction(self) -> None:
+        """Under the lock, an odd epoch: a compacting writer died mid-way. Whichever file is ``index`` now is
+        whole (``os.replace`` is atomic), so make the epoch even again and drop the temp file it may have left."""
+        self._bump(epoch_step=1)
+        folder = os.path.dirname(self.path)
+        for name in os.listdir(folder):
+            if name.startswith("index.") and name.endswith(".tmp"):
+                _unlink_quietly(os.path.join(folder, name))
 
     def after_fork(self) -> None:
         """``flock`` belongs to an open file, which a forked child shares with its parent: without a file of its
@@ -684,7 +706,7 @@ class _Journal:
         finally:
             os.close(self.fd)
             os.close(self.lock_fd)
-            self.generation.close()
+            self.counters.close()
             self.fd = -1
 
 

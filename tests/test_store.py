@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -393,3 +394,20 @@ def test_structured_and_unusual_dtypes_round_trip(n):
         got = s.get(key)
         assert got.dtype == value.dtype and got.shape == value.shape, key
         np.testing.assert_array_equal(got, value)
+
+
+def test_a_compaction_cut_short_after_others_looked_is_finished_by_the_next_writer():
+    """A compacting writer marks the switch (odd epoch), another handle looks meanwhile (and reopens the old
+    journal), the new journal takes the old one's place, and the compacting writer dies before it marks the end.
+    The next writer must notice, or its sets would go to the replaced (deleted) journal."""
+    w, r = memory.store("cut"), memory.store("cut")
+    w.set("k", 1)
+    journal = w._journal
+    with journal.locked():
+        journal._bump(epoch_step=1)  # the compaction's first step
+    assert r.get("k") == 1  # r looks while the epoch is odd: it reopens the journal that is still in place
+    copy = journal.path + ".new.tmp"
+    shutil.copyfile(journal.path, copy)
+    os.replace(copy, journal.path)  # the second step; then the writer died
+    r.set("after", 2)
+    assert memory.store("cut").get("after") == 2

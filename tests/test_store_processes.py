@@ -172,3 +172,31 @@ def test_a_handle_opened_before_fork_still_excludes_the_parent():
     reader = memory.store("shared", ram_mb=0, disk_gb=1)
     lost = [f"{name}-{i}" for name in ("a", "b", "parent") for i in range(300) if reader.get(f"{name}-{i}") is None]
     assert lost == [] and len(reader) == 901
+
+
+def clear_and_die_mid_compaction(s: memory.Store) -> None:
+    """Clear (which rewrites the journal), but die right after the new journal took the old one's place."""
+    real_replace = os.replace
+
+    def replace_then_die(src: str, dst: str) -> None:
+        real_replace(src, dst)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace = replace_then_die
+    s.clear()
+
+
+def test_a_writer_killed_in_the_middle_of_a_compaction():
+    s = memory.store("shared")
+    s.set("old", 1)
+    other = memory.store("shared")  # holds the journal that is about to be replaced
+    assert other.get("old") == 1
+    child = FORK.Process(target=clear_and_die_mid_compaction, args=(s,))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == -signal.SIGKILL
+    other.set("after", 2)  # must land in the journal everyone reads now, not the replaced one
+    fresh = memory.store("shared")
+    assert fresh.get("after") == 2 and "old" not in fresh
+    assert other.get("old") is None and len(other) == 1
+    assert not [name for name in os.listdir(s.folder) if name.endswith(".tmp")]
