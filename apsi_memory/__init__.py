@@ -38,7 +38,7 @@ from .watch import Watcher, on_pressure, relieve
 # -- chunks and map (outofcore.py) --
 # (``map`` shadows the builtin inside this namespace only: ``memory.map``)
 from .chunks import chunks
-from .mapping import map  # noqa: A004
+from .mapping import map
 
 # -- store and cached (store.py, cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)

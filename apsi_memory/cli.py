@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .api import limits, pressure, status
 from .errors import ApsiMemoryError

@@ -46,7 +46,7 @@ class Level(str, enum.Enum):
         return _RANK[self]
 
     @classmethod
-    def parse(cls, value: "Level | str") -> "Level":
+    def parse(cls, value: Level | str) -> Level:
         try:
             return cls(value)
         except ValueError:

@@ -14,7 +14,8 @@ import gc
 import threading
 import time
 import weakref
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from .decide import Level
 
@@ -25,7 +26,7 @@ class Component(Protocol):
     def relieve(self) -> None: ...
 
 
-_components: "weakref.WeakSet[Component]" = weakref.WeakSet()
+_components: weakref.WeakSet[Component] = weakref.WeakSet()
 _lock = threading.Lock()
 
 

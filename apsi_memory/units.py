@@ -29,7 +29,7 @@ _UNITS = {
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
-def parse_size(text: str | float | int) -> int:
+def parse_size(text: str | float) -> int:
     """Bytes from ``"12GB"``, ``"512 MB"``, ``"1.5GiB"``, ``"0.5"`` (GB) or a number of GB.
 
     Raises ``SizeError`` naming the input for anything else (negative, NaN, unknown unit, empty).

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
+from sim.pagecache import drop_cache
 
 ROWS, COLS, BLOCK = 8_000_000, 8, 1_000_000
 
@@ -36,15 +37,6 @@ def npy_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield path
     drop_cache(path)
     os.unlink(path)
-
-
-def drop_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def warm(path: str) -> None:

@@ -35,6 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a script: the repository's sim/ and tests/ helpers
+
+from sim.pagecache import drop_cache
+
 MiB, GiB = 1 << 20, 1 << 30
 COLS = 8
 WAYS = ("np.load", "plain mmap", "memory.chunks", "cat")
@@ -99,15 +103,6 @@ def make_file(path: str, rows: int) -> None:
     del x
 
 
-def drop_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def warm_cache(path: str) -> None:
     subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
 
@@ -123,7 +118,6 @@ def maybe_group(limit: int | None) -> Iterator[str | None]:
     if limit is None:
         yield None
         return
-    sys.path.insert(0, ROOT)
     import pytest
 
     from tests.realcg import child_group
@@ -232,7 +226,6 @@ def main() -> None:
     if args.child:
         child(args.child[0], args.child[1], args.block, args.work)
         return
-    sys.path.insert(0, ROOT)
     from apsi_memory.units import parse_size
 
     limit = parse_size(args.cgroup) if args.cgroup else None

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import pytest
 
@@ -51,7 +51,7 @@ class ChildGroup:
     def run(self, argv: Sequence[str], timeout: float = 300, **kwargs: object) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside the group (the shell joins it, then execs the command)."""
         wrapper = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.path, *argv]
-        return subprocess.run(wrapper, capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload,no-any-return]
+        return subprocess.run(wrapper, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)  # type: ignore[call-overload,no-any-return]
 
     def oom_kills(self) -> int:
         with open(os.path.join(self.path, "memory.oom_control")) as f:

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 import apsi_memory as memory
+from sim.pagecache import drop_cache
 from tests import test_map
 
 on_ssd, spill = test_map.on_ssd, test_map.spill  # the SSD-placement fixtures, shared
@@ -47,15 +48,6 @@ def cached_bytes(path: str, start: int = 0, end: int | None = None) -> int:
         del view
     end = length if end is None else end
     return int((vec[start // page:(end + page - 1) // page] & 1).sum()) * page
-
-
-def drop_cache(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def make_cold(path: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_hovering_reading_does_not_flap() -> None:
 
 def test_table_rows_are_ordered_and_leave_is_beyond_enter() -> None:
     rows = [LEVEL_TABLE[level] for level in LEVELS[1:]]
-    for lower, higher in zip(rows, rows[1:]):
+    for lower, higher in itertools.pairwise(rows):
         assert higher.enter_free < lower.enter_free and higher.enter_some > lower.enter_some
         assert higher.enter_full > lower.enter_full
     for row in rows:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
 from ..errors import CorruptFileError
 from .procfs import CgroupEntry, Mount, read_mountinfo, read_self_cgroup
 from .root import read_text, resolve

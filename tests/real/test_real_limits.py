@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 
 import pytest
 
