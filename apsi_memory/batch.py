@@ -14,6 +14,7 @@ Out-of-memory means (``oom_kind``):
   ``CUDA error: out of memory``), ``DefaultCPUAllocator: can't allocate memory`` (PyTorch on the CPU),
   ``CUBLAS_STATUS_ALLOC_FAILED``, or ``RESOURCE_EXHAUSTED`` (JAX/XLA's ``XlaRuntimeError``).
 
+A ``BlockError`` from ``memory.map`` counts as what it chains, so a ``fit_batch`` around ``map`` halves too.
 Everything else passes through untouched. accelerate also retries on ``cuDNN error: CUDNN_STATUS_NOT_SUPPORTED``;
 we do not, because that error also means a genuinely unsupported input and halving would hide it.
 
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .decide import halve_batch
-from .errors import BatchTooSmallError
+from .errors import BatchTooSmallError, BlockError
 from .reactions import relieve_components
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ _GPU_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "resource_exhaus
 def oom_kind(exc: BaseException) -> Oom | None:
     """``Oom.CPU``/``Oom.GPU`` when ``exc`` is an out-of-memory error, else ``None``. Pure: looks only at the
     exception's type and message, so no framework has to be imported to recognise its errors."""
+    if isinstance(exc, BlockError) and exc.__cause__ is not None:
+        return oom_kind(exc.__cause__)  # memory.map names the block's rows and chains fn's own error
     if isinstance(exc, MemoryError):
         return Oom.GPU if type(exc).__module__.split(".")[0] == "cupy" else Oom.CPU
     if not isinstance(exc, RuntimeError):

@@ -17,7 +17,8 @@ class SizeError(ApsiMemoryError, ValueError):
 
 
 class CorruptFileError(ApsiMemoryError, ValueError):
-    """A kernel or cache file whose content is not in the expected format; names the file."""
+    """A file whose content is not in the expected format — a kernel file, a store's file, or a ``.npy`` given
+    to ``chunks`` that is truncated or not ``.npy`` at all; names the file and what is wrong."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path}: {problem}")

@@ -326,3 +326,27 @@ def test_real_torch_cpu_allocator_failure_is_recovered() -> None:
         return int(torch.empty(size, dtype=torch.uint8).numel())
 
     assert memory.fit_batch(step, 64) == (4, 4)
+
+
+def test_an_out_of_memory_inside_memory_map_is_halved_too() -> None:
+    # memory.map raises fn's errors as BlockError (naming the rows) chained to the original MemoryError.
+    x = np.arange(1024, dtype=np.float64).reshape(256, 4)
+
+    def double_small_blocks(block: np.ndarray) -> np.ndarray:
+        if len(block) > 64:
+            raise MemoryError("block too big for this worker")
+        return block * 2
+
+    result, rows = memory.fit_batch(lambda rows: memory.map(double_small_blocks, x, rows=rows), 256)
+    assert rows == 64 and np.array_equal(result, x * 2)
+
+
+def test_a_non_memory_error_inside_memory_map_passes_through() -> None:
+    x = np.zeros((8, 2))
+
+    def broken(block: np.ndarray) -> np.ndarray:
+        raise KeyError("not memory")
+
+    with pytest.raises(memory.BlockError) as caught:
+        memory.fit_batch(lambda rows: memory.map(broken, x, rows=rows), 8)
+    assert isinstance(caught.value.__cause__, KeyError)
