@@ -68,13 +68,11 @@ def _create(path: str) -> None:
 def sign(key: bytes, *parts: bytes | memoryview) -> bytes:
     """HMAC-SHA256 over the parts, led by their count and lengths so ``(b"ab", b"c")`` and ``(b"a", b"bc")``
     never sign alike."""
-    lengths = _lengths(len(parts)).pack(len(parts), *map(len, parts))
-    inner_start, outer_start = _pads(key)
-    inner = inner_start.copy()
-    inner.update(lengths + b"".join(parts))
-    outer = outer_start.copy()
-    outer.update(inner.digest())
-    return outer.digest()
+    mac = _keyed(key).copy()
+    mac.update(_lengths(len(parts)).pack(len(parts), *map(len, parts)))
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
 
 
 @cache
@@ -83,13 +81,10 @@ def _lengths(count: int) -> struct.Struct:
 
 
 @lru_cache(maxsize=8)
-def _pads(key: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
-    """HMAC (RFC 2104) with the key's two padded blocks hashed once: each signature then starts from copies of
-    those states, 0.7 us instead of 1.6 us for ``hmac.digest`` on a small value, with the same result."""
-    block = key.ljust(64, b"\0") if len(key) <= 64 else hashlib.sha256(key).digest().ljust(64, b"\0")
-    inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
-    outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
-    return inner, outer
+def _keyed(key: bytes) -> hmac.HMAC:
+    """The key's HMAC state, made once: each signature starts from a copy (1.2 us on a small value here, against
+    1.9 us for ``hmac.digest``, which re-keys every time)."""
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def verify(key: bytes, signature: bytes, *parts: bytes | memoryview) -> bool:
