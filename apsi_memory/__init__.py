@@ -5,9 +5,21 @@ memory gets tight.
     import apsi_memory as memory
     print(memory.status())
 
-Layout: ``decide`` and ``units`` are pure rules (no I/O); ``adapters`` read kernel files under an injectable
-root; ``api`` joins the two into ``status``/``limits``/``pressure``/``budget``; the other modules build on it.
-Every public name is re-exported here explicitly.
+Theory of operation
+-------------------
+* ``decide`` and ``units`` are the rules, as data tables and pure functions: the pressure level (free share of
+  usable memory and PSI stalls, with hysteresis), the default budget, RAM-or-SSD placement, the 90 % eviction
+  target, batch halving, size strings. They do no I/O, so every documented decision is testable with integers.
+* ``adapters`` read kernel files (``/proc``, cgroup v1/v2, PSI, disk) under an injectable root — a pure
+  ``parse_x(text)`` and a one-line reader each. ``sim/`` writes fake machines under a temporary root for them.
+* ``measure`` and ``api`` join the two into the public readings: ``status``, ``limits``, ``pressure``, ``budget``,
+  and ``current_level`` — the level re-measured at most twice a second on allocation paths.
+* ``reactions`` is the one mechanism by which pools and stores hear of a level change (shrink at ``high``, empty
+  at ``critical``, grow back at ``ok``) and give RAM back on ``relieve``.
+* ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
+  (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` + ``outofcore`` (streaming larger than RAM),
+  ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache), ``devices`` + ``batch`` (GPUs and
+  ``fit_batch``) build on them. Every public name is re-exported here explicitly.
 """
 
 from __future__ import annotations
