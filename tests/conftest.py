@@ -8,7 +8,8 @@ import pytest
 
 import apsi_memory.adapters.root as fs_root
 from apsi_memory import api
-from sim.tree import SimTree
+from sim.pressure import PressureMachine
+from sim.tree import MiB, SimTree
 from tests.realcg import ChildGroup, child_group
 
 
@@ -35,6 +36,21 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Si
         return tree
 
     return build
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``home / "home"`` is ~/.apsi (the key) and ``home / "stores"`` the store folder, for tests that look there."""
+    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
+    return tmp_path
+
+
+@pytest.fixture
+def pressure_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PressureMachine:
+    """A container (sim v1 tree, 256 MiB limit) whose pressure level the test sets; spill files under tmp."""
+    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path / "spill"))
+    return PressureMachine(tmp_path / "root", limit=256 * MiB).install(monkeypatch)
 
 
 @pytest.fixture

@@ -12,14 +12,7 @@ import pytest
 import apsi_memory as memory
 from apsi_memory import ledger
 from apsi_memory.decide import Level
-from sim.pressure import PressureMachine
 from sim.tree import MiB
-
-
-@pytest.fixture
-def machine(tmp_path, monkeypatch) -> PressureMachine:
-    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path / "spill"))
-    return PressureMachine(tmp_path / "root", limit=256 * MiB).install(monkeypatch)
 
 
 def new_records(before: list[memory.ArrayRecord]) -> list[memory.ArrayRecord]:
@@ -39,7 +32,7 @@ def mapped_files() -> str:
         return maps.read()
 
 
-def test_a_ram_array_is_a_plain_zeroed_ndarray_that_numpy_code_accepts(machine):
+def test_a_ram_array_is_a_plain_zeroed_ndarray_that_numpy_code_accepts(pressure_machine):
     x = memory.array((1024, 512), "float32")  # 2 MiB: fits the ~180 MiB budget
     assert type(x) is np.ndarray and x.shape == (1024, 512) and x.dtype == np.float32
     assert not memory.on_disk(x) and not x.any()
@@ -47,7 +40,7 @@ def test_a_ram_array_is_a_plain_zeroed_ndarray_that_numpy_code_accepts(machine):
     assert float(x.sum()) == 2.0 * x.size
 
 
-def test_an_array_over_the_budget_is_a_memmap_on_the_ssd_that_numpy_code_accepts(machine, tmp_path):
+def test_an_array_over_the_budget_is_a_memmap_on_the_ssd_that_numpy_code_accepts(pressure_machine, tmp_path):
     x = memory.array((300, MiB // 8))  # 300 MiB: more than the container has
     assert isinstance(x, np.memmap) and isinstance(x, np.ndarray) and memory.on_disk(x)
     assert not x[::50].any()
@@ -56,7 +49,7 @@ def test_an_array_over_the_budget_is_a_memmap_on_the_ssd_that_numpy_code_accepts
     assert spill_files(tmp_path) == [os.path.basename(x.filename)]
 
 
-def test_spill_files_are_npy_files_named_after_their_owner(machine, tmp_path):
+def test_spill_files_are_npy_files_named_after_their_owner(pressure_machine, tmp_path):
     memory.budget(0)
     x = memory.array((3, MiB), "int8")
     x[1, 2] = 7
@@ -66,22 +59,22 @@ def test_spill_files_are_npy_files_named_after_their_owner(machine, tmp_path):
     assert np.load(x.filename, mmap_mode="r")[1, 2] == 7
 
 
-def test_small_arrays_stay_in_ram_whatever_the_pressure(machine):
-    machine.at(Level.CRITICAL)
-    machine.next_measurement()
+def test_small_arrays_stay_in_ram_whatever_the_pressure(pressure_machine):
+    pressure_machine.at(Level.CRITICAL)
+    pressure_machine.next_measurement()
     assert not memory.on_disk(memory.array(MiB // 8 - 1))  # one element under 1 MiB
 
 
 @pytest.mark.parametrize("shape,dtype", [((0, 5), "float64"), (7, "int8"), ((2, 3, 4), "complex64"),
                                           ((4,), [("a", "i4"), ("b", "f8")])])
-def test_shapes_and_dtypes(machine, shape, dtype):
+def test_shapes_and_dtypes(pressure_machine, shape, dtype):
     x = memory.array(shape, dtype)
     assert x.shape == (shape if isinstance(shape, tuple) else (shape,)) and x.dtype == np.dtype(dtype)
 
 
 # -- placement: budget edges and every level ---------------------------------------------------------------------
 
-def test_an_array_exactly_at_the_budget_goes_to_ram_one_byte_more_to_the_ssd(machine):
+def test_an_array_exactly_at_the_budget_goes_to_ram_one_byte_more_to_the_ssd(pressure_machine):
     memory.budget("8MB")
     at_budget = memory.array(8 * MiB, "uint8")
     assert not memory.on_disk(at_budget)
@@ -89,7 +82,7 @@ def test_an_array_exactly_at_the_budget_goes_to_ram_one_byte_more_to_the_ssd(mac
     assert memory.on_disk(memory.array(8 * MiB + 1, "uint8"))
 
 
-def test_ram_arrays_use_up_the_budget(machine):
+def test_ram_arrays_use_up_the_budget(pressure_machine):
     memory.budget("8MB")
     first = memory.array(6 * MiB, "uint8")
     second = memory.array(3 * MiB, "uint8")  # 6 + 3 > 8
@@ -98,25 +91,25 @@ def test_ram_arrays_use_up_the_budget(machine):
     assert not memory.on_disk(memory.array(3 * MiB, "uint8"))  # freed RAM is budget again
 
 
-def test_zero_budget_sends_every_big_array_to_the_ssd_and_keeps_small_ones_in_ram(machine):
+def test_zero_budget_sends_every_big_array_to_the_ssd_and_keeps_small_ones_in_ram(pressure_machine):
     memory.budget(0)
     assert memory.on_disk(memory.array(MiB, "uint8"))
     assert not memory.on_disk(memory.array(MiB - 1, "uint8"))
 
 
-def test_a_budget_larger_than_free_memory_does_not_put_an_array_in_ram_that_cannot_fit(machine):
+def test_a_budget_larger_than_free_memory_does_not_put_an_array_in_ram_that_cannot_fit(pressure_machine):
     memory.budget("1TB")
-    machine.use(128 * MiB)  # 128 MiB of 256 free: level still ok
-    machine.next_measurement()
+    pressure_machine.use(128 * MiB)  # 128 MiB of 256 free: level still ok
+    pressure_machine.next_measurement()
     assert memory.on_disk(memory.array(200 * MiB, "uint8"))
     assert not memory.on_disk(memory.array(100 * MiB, "uint8"))
 
 
-def test_arrays_not_written_yet_still_count_against_free_memory(machine):
+def test_arrays_not_written_yet_still_count_against_free_memory(pressure_machine):
     # The default budget counts our RAM arrays back into "free" (70 % of free + held), but pages nobody has
     # written yet are still free in the kernel's eyes: counting them twice let RAM arrays add up to more than
     # the container has, and filling them would have been an OOM kill.
-    machine.use(56 * MiB)  # 200 MiB free of 256
+    pressure_machine.use(56 * MiB)  # 200 MiB free of 256
     in_ram = []
     for _ in range(8):
         x = memory.array(48 * MiB, "uint8")  # made, not written
@@ -125,12 +118,12 @@ def test_arrays_not_written_yet_still_count_against_free_memory(machine):
     assert 0 < sum(x.nbytes for x in in_ram) <= 200 * MiB
 
 
-def test_written_arrays_are_counted_once(machine):
+def test_written_arrays_are_counted_once(pressure_machine):
     memory.budget("1GB")  # only free memory limits here
-    machine.use(56 * MiB)
+    pressure_machine.use(56 * MiB)
     written = memory.array(96 * MiB, "uint8")
     written[:] = 1
-    machine.use((56 + 96) * MiB)  # the kernel now counts its pages as used: 104 MiB free
+    pressure_machine.use((56 + 96) * MiB)  # the kernel now counts its pages as used: 104 MiB free
     assert not memory.on_disk(written)
     assert not memory.on_disk(memory.array(48 * MiB, "uint8"))  # 104 free, nothing of ours unwritten
     assert memory.on_disk(memory.array(112 * MiB, "uint8"))
@@ -138,28 +131,28 @@ def test_written_arrays_are_counted_once(machine):
 
 @pytest.mark.parametrize("level,on_ssd", [(Level.OK, False), (Level.MODERATE, False), (Level.HIGH, True),
                                           (Level.CRITICAL, True)])
-def test_big_arrays_go_to_the_ssd_from_high_pressure_on(machine, level, on_ssd):
+def test_big_arrays_go_to_the_ssd_from_high_pressure_on(pressure_machine, level, on_ssd):
     memory.budget("1GB")  # the budget is no reason to spill here: only the level is
-    machine.at(level)
-    machine.next_measurement()
+    pressure_machine.at(level)
+    pressure_machine.next_measurement()
     assert memory.on_disk(memory.array(2 * MiB, "uint8")) is on_ssd
 
 
-def test_the_level_is_measured_at_most_twice_a_second_on_the_allocation_path(machine):
+def test_the_level_is_measured_at_most_twice_a_second_on_the_allocation_path(pressure_machine):
     memory.array(2 * MiB, "uint8")
-    measured = machine.tracker.measurements
-    machine.at(Level.HIGH)
-    machine.clock.advance(0.49)
+    measured = pressure_machine.tracker.measurements
+    pressure_machine.at(Level.HIGH)
+    pressure_machine.clock.advance(0.49)
     assert not memory.on_disk(memory.array(2 * MiB, "uint8"))  # the 0.49 s old "ok" still counts
-    assert machine.tracker.measurements == measured
-    machine.clock.advance(0.01)
+    assert pressure_machine.tracker.measurements == measured
+    pressure_machine.clock.advance(0.01)
     assert memory.on_disk(memory.array(2 * MiB, "uint8"))
-    assert machine.tracker.measurements == measured + 1
+    assert pressure_machine.tracker.measurements == measured + 1
 
 
 # -- free ---------------------------------------------------------------------------------------------------------
 
-def test_free_deletes_the_spill_file_now_and_views_keep_working(machine, tmp_path):
+def test_free_deletes_the_spill_file_now_and_views_keep_working(pressure_machine, tmp_path):
     memory.budget(0)
     x = memory.array((4, MiB), "uint8")
     view = x[1:3]
@@ -172,14 +165,14 @@ def test_free_deletes_the_spill_file_now_and_views_keep_working(machine, tmp_pat
     assert view[0, 0] == 5
 
 
-def test_writing_a_freed_array_is_an_error_numpy_reports(machine):
+def test_writing_a_freed_array_is_an_error_numpy_reports(pressure_machine):
     for x in (memory.array((4, MiB), "uint8"), memory.array(10)):
         memory.free(x)
         with pytest.raises(ValueError, match="read-only"):
             x[0] = 1
 
 
-def test_free_gives_ram_back_now_even_while_a_view_exists(machine):
+def test_free_gives_ram_back_now_even_while_a_view_exists(pressure_machine):
     psutil = pytest.importorskip("psutil")
     process = psutil.Process()
     x = memory.array(64 * MiB, "uint8")
@@ -193,7 +186,7 @@ def test_free_gives_ram_back_now_even_while_a_view_exists(machine):
     assert int(view.sum()) == 0
 
 
-def test_freeing_twice_or_through_a_view_is_harmless(machine, tmp_path):
+def test_freeing_twice_or_through_a_view_is_harmless(pressure_machine, tmp_path):
     memory.budget(0)
     x = memory.array((4, MiB), "uint8")
     memory.free(x[1:])
@@ -202,7 +195,7 @@ def test_freeing_twice_or_through_a_view_is_harmless(machine, tmp_path):
     assert spill_files(tmp_path) == [] and str(x.shape) not in str(memory.report())
 
 
-def test_free_refuses_what_is_not_an_array_and_ignores_arrays_it_did_not_make(machine):
+def test_free_refuses_what_is_not_an_array_and_ignores_arrays_it_did_not_make(pressure_machine):
     with pytest.raises(TypeError, match="list"):
         memory.free([1, 2, 3])  # type: ignore[arg-type]
     plain = np.ones(3)
@@ -210,7 +203,7 @@ def test_free_refuses_what_is_not_an_array_and_ignores_arrays_it_did_not_make(ma
     assert plain.flags.writeable and plain.sum() == 3
 
 
-def test_a_collected_array_deletes_its_file_and_leaves_the_report(machine, tmp_path):
+def test_a_collected_array_deletes_its_file_and_leaves_the_report(pressure_machine, tmp_path):
     memory.budget("2MB")
     before = memory.report()
     x = memory.array((4, MiB), "uint8")
@@ -229,7 +222,7 @@ def test_a_collected_array_deletes_its_file_and_leaves_the_report(machine, tmp_p
 
 # -- on_disk, report ----------------------------------------------------------------------------------------------
 
-def test_on_disk_follows_views_and_knows_any_memmap(machine, tmp_path):
+def test_on_disk_follows_views_and_knows_any_memmap(pressure_machine, tmp_path):
     memory.budget(0)
     x = memory.array((4, MiB), "uint8")
     assert memory.on_disk(x[1:2]) and memory.on_disk(np.asarray(x)[::2])
@@ -237,7 +230,7 @@ def test_on_disk_follows_views_and_knows_any_memmap(machine, tmp_path):
     assert memory.on_disk(theirs) and not memory.on_disk(np.zeros(3))
 
 
-def test_report_lists_each_live_array_as_the_spec_prints_it(machine):
+def test_report_lists_each_live_array_as_the_spec_prints_it(pressure_machine):
     memory.budget("64MB")
     before = memory.report()
     in_ram = memory.array((1000, 8), "float32")
@@ -261,7 +254,7 @@ def test_report_lists_each_live_array_as_the_spec_prints_it(machine):
     ((3,), "floaty", TypeError, "'floaty'"),
     ((3,), object, TypeError, "object"),
 ])
-def test_bad_input_is_a_clear_error_and_keeps_what_exists(machine, shape, dtype, error, names):
+def test_bad_input_is_a_clear_error_and_keeps_what_exists(pressure_machine, shape, dtype, error, names):
     kept = memory.array(4, "int16")
     kept[:] = 3
     before = memory.report()
@@ -270,7 +263,7 @@ def test_bad_input_is_a_clear_error_and_keeps_what_exists(machine, shape, dtype,
     assert memory.report() == before and kept.sum() == 12
 
 
-def test_reaching_critical_on_the_allocation_path_collects_garbage_cycles(machine):
+def test_reaching_critical_on_the_allocation_path_collects_garbage_cycles(pressure_machine):
     gc.disable()  # only the reaction may collect here
     try:
         before = memory.report()
@@ -278,8 +271,8 @@ def test_reaching_critical_on_the_allocation_path_collects_garbage_cycles(machin
         cycle.append(cycle)
         del cycle
         assert len(new_records(before)) == 1  # unreachable, but a cycle: still held
-        machine.at(Level.CRITICAL)
-        machine.next_measurement()
+        pressure_machine.at(Level.CRITICAL)
+        pressure_machine.next_measurement()
         small = memory.array(MiB // 8 - 1)  # small: no measurement on this path
         assert len(new_records(before)) == 2
         big = memory.array(2 * MiB, "uint8")  # measures, sees critical, components hear it, garbage is collected

@@ -13,13 +13,6 @@ import apsi_memory as memory
 from apsi_memory.hashing import array_digest, value_digest
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
-    return tmp_path
-
-
 def test_a_second_call_with_equal_arguments_does_not_run_the_body():
     runs = []
 

@@ -13,14 +13,7 @@ import pytest
 import apsi_memory as memory
 from apsi_memory.decide import Level
 from apsi_memory.pool import PAGE, Pool, capacity_for, choose_spare, oldest_to_drop
-from sim.pressure import PressureMachine
 from sim.tree import MiB
-
-
-@pytest.fixture
-def machine(tmp_path, monkeypatch) -> PressureMachine:
-    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path / "spill"))
-    return PressureMachine(tmp_path / "root", limit=256 * MiB).install(monkeypatch)
 
 
 def address(a: np.ndarray) -> int:
@@ -61,7 +54,7 @@ def test_buffers_are_whole_pages():
 
 # -- take and give ------------------------------------------------------------------------------------------------
 
-def test_a_given_back_buffer_is_handed_out_again_already_mapped(machine):
+def test_a_given_back_buffer_is_handed_out_again_already_mapped(pressure_machine):
     p = Pool(64 * MiB)
     a = p.take((512, 1024), zero=False)
     where = address(a)
@@ -71,7 +64,7 @@ def test_a_given_back_buffer_is_handed_out_again_already_mapped(machine):
     assert address(b) == where and b.shape == (1024, 512) and b[0, 0] == 7.0
 
 
-def test_take_with_zero_always_gives_zeros_and_reuses_cleared_buffers(machine):
+def test_take_with_zero_always_gives_zeros_and_reuses_cleared_buffers(pressure_machine):
     p = Pool(64 * MiB)
     a = p.take((256, 1024))
     assert not a.any()
@@ -86,14 +79,14 @@ def test_take_with_zero_always_gives_zeros_and_reuses_cleared_buffers(machine):
     assert not c.any() and address(c) in {address(a), address(b)}  # a cleared spare, already mapped
 
 
-def test_a_shape_no_spare_fits_is_a_fresh_allocation(machine):
+def test_a_shape_no_spare_fits_is_a_fresh_allocation(pressure_machine):
     p = Pool(64 * MiB)
     p.give(p.take(1000, zero=False))
     big = p.take((2048, 1024), zero=False)
     assert big.shape == (2048, 1024) and p.spares == 1
 
 
-def test_spares_are_bounded_and_the_oldest_go_first(machine):
+def test_spares_are_bounded_and_the_oldest_go_first(pressure_machine):
     p = Pool(3 * MiB)
     arrays = [p.take(MiB // 8, zero=False) for _ in range(4)]
     where = [address(a) for a in arrays]
@@ -104,13 +97,13 @@ def test_spares_are_bounded_and_the_oldest_go_first(machine):
     assert again == set(where[1:])  # the first given back was dropped
 
 
-def test_a_buffer_larger_than_the_bound_is_not_kept(machine):
+def test_a_buffer_larger_than_the_bound_is_not_kept(pressure_machine):
     p = Pool(MiB)
     p.give(p.take(MiB // 4, zero=False))
     assert p.spares == 0
 
 
-def test_a_given_back_array_becomes_read_only(machine):
+def test_a_given_back_array_becomes_read_only(pressure_machine):
     p = Pool(MiB)
     a = p.take(100)
     p.give(a)
@@ -125,7 +118,7 @@ def test_a_given_back_array_becomes_read_only(machine):
     ("other pool", "not handed out by this pool"),
     ("numpy", "not handed out by this pool"),
 ])
-def test_giving_back_what_the_pool_did_not_hand_out_is_a_clear_error(machine, wrong, message):
+def test_giving_back_what_the_pool_did_not_hand_out_is_a_clear_error(pressure_machine, wrong, message):
     p, other = Pool(MiB), Pool(MiB)
     a = p.take(100)
     candidates = {"view": lambda: a[1:], "copy": lambda: a.copy(), "other pool": lambda: other.take(100),
@@ -140,12 +133,12 @@ def test_giving_back_what_the_pool_did_not_hand_out_is_a_clear_error(machine, wr
     assert isinstance(memory.PoolError("x"), ValueError)
 
 
-def test_give_refuses_what_is_not_an_array(machine):
+def test_give_refuses_what_is_not_an_array(pressure_machine):
     with pytest.raises(memory.PoolError, match="list"):
         Pool(MiB).give([1.0])  # type: ignore[arg-type]
 
 
-def test_an_array_never_given_back_is_freed_when_no_longer_used(machine):
+def test_an_array_never_given_back_is_freed_when_no_longer_used(pressure_machine):
     p = Pool(64 * MiB)
     a = p.take(1000)
     assert p.out == 1
@@ -156,7 +149,7 @@ def test_an_array_never_given_back_is_freed_when_no_longer_used(machine):
 
 # -- sizes and pressure ---------------------------------------------------------------------------------------------
 
-def test_the_default_bound_is_a_tenth_of_the_budget_and_sizes_are_read_like_everywhere(machine):
+def test_the_default_bound_is_a_tenth_of_the_budget_and_sizes_are_read_like_everywhere(pressure_machine):
     memory.budget("100MB")
     assert memory.pool().max_bytes == 10 * MiB
     assert memory.pool("512MB").max_bytes == 512 * MiB and memory.pool(0.5).max_bytes == 512 * MiB
@@ -164,25 +157,25 @@ def test_the_default_bound_is_a_tenth_of_the_budget_and_sizes_are_read_like_ever
         memory.pool("lots")
 
 
-def test_high_pressure_drops_every_spare_and_keeps_none_until_memory_is_back(machine):
+def test_high_pressure_drops_every_spare_and_keeps_none_until_memory_is_back(pressure_machine):
     p = Pool(64 * MiB)
     held = [p.take(MiB // 8, zero=False) for _ in range(3)]
     for a in held[:2]:
         p.give(a)
     assert p.spares == 2
-    machine.at(Level.HIGH)
-    machine.next_measurement()
+    pressure_machine.at(Level.HIGH)
+    pressure_machine.next_measurement()
     p.take(10, zero=False)  # the allocation path measures the level and tells every component
     assert p.spares == 0
     p.give(held[2])
     assert p.spares == 0
-    machine.at(Level.OK)
-    machine.next_measurement()
+    pressure_machine.at(Level.OK)
+    pressure_machine.next_measurement()
     p.give(p.take(MiB // 8, zero=False))
     assert p.spares == 1
 
 
-def test_relieve_drops_the_spares_and_their_ram_now(machine):
+def test_relieve_drops_the_spares_and_their_ram_now(pressure_machine):
     p = Pool(256 * MiB)
     a = p.take(64 * MiB, "uint8", zero=False)
     a[:] = 1
@@ -194,7 +187,7 @@ def test_relieve_drops_the_spares_and_their_ram_now(machine):
     assert int(a[::4096].sum()) == 0  # the stale reference reads zeros, no crash
 
 
-def test_threads_sharing_a_pool_never_get_the_same_buffer(machine):
+def test_threads_sharing_a_pool_never_get_the_same_buffer(pressure_machine):
     p = Pool(16 * MiB)
     clashes = []
 

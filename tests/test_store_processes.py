@@ -11,7 +11,6 @@ import time
 import warnings
 
 import numpy as np
-import pytest
 
 import apsi_memory as memory
 from apsi_memory.errors import TamperWarning
@@ -20,13 +19,6 @@ from apsi_memory.units import GiB, MiB
 FORK = multiprocessing.get_context("fork")
 KILLS = 40
 KEYS = 40
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
-    return tmp_path
 
 
 def value_for(key: int, version: int):

@@ -17,13 +17,6 @@ PICKLED_FILE_VALUE = {"payload": "x" * 40_000}  # over 16 KiB: its own .pkl file
 INLINE_VALUE = {"small": list(range(10))}  # stored inside the journal
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
-    return tmp_path
-
-
 def data_file(s: memory.Store, key) -> str:
     from apsi_memory.store import encode_key
 

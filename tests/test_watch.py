@@ -13,14 +13,7 @@ from apsi_memory import reactions
 from apsi_memory.decide import Level
 from apsi_memory.pool import Pool
 from apsi_memory.watch import Watcher, next_call
-from sim.pressure import PressureMachine
 from sim.tree import MiB
-
-
-@pytest.fixture
-def machine(tmp_path, monkeypatch) -> PressureMachine:
-    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path / "spill"))
-    return PressureMachine(tmp_path / "root", limit=256 * MiB).install(monkeypatch)
 
 
 def eventually(condition: Callable[[], bool]) -> None:
@@ -43,51 +36,51 @@ def test_next_call_calls_once_per_repeat_while_the_level_lasts_and_afresh_after_
     assert next_call(high, threshold, None, 12.0, repeat) == (True, 12.0)  # a new one calls at once
 
 
-# -- the watcher on the simulated machine ---------------------------------------------------------------------------
+# -- the watcher on the simulated pressure_machine ---------------------------------------------------------------------------
 
-def test_fn_gets_the_reading_when_the_level_is_reached_then_every_repeat_seconds(machine):
+def test_fn_gets_the_reading_when_the_level_is_reached_then_every_repeat_seconds(pressure_machine):
     seen = []
-    w = Watcher(seen.append, level="high", every=1, repeat=10, clock=machine.clock)
+    w = Watcher(seen.append, level="high", every=1, repeat=10, clock=pressure_machine.clock)
     w.check()
     assert seen == []
-    machine.at(Level.CRITICAL)  # "high" means high or worse
+    pressure_machine.at(Level.CRITICAL)  # "high" means high or worse
     w.check()
     assert [str(p.level) for p in seen] == ["critical"] and seen[0].free_bytes < 0.05 * 256 * MiB
-    machine.clock.advance(9)
+    pressure_machine.clock.advance(9)
     w.check()
     assert len(seen) == 1
-    machine.clock.advance(1)
+    pressure_machine.clock.advance(1)
     w.check()
     assert len(seen) == 2
-    machine.at(Level.MODERATE)
+    pressure_machine.at(Level.MODERATE)
     w.check()
-    machine.at(Level.HIGH)
+    pressure_machine.at(Level.HIGH)
     w.check()
     assert len(seen) == 3  # back above after a pause: at once, not after repeat
 
 
-def test_the_thread_reads_every_seconds_of_its_clock_and_stops_promptly(machine):
+def test_the_thread_reads_every_seconds_of_its_clock_and_stops_promptly(pressure_machine):
     calls = []
-    machine.at(Level.HIGH)
-    w = Watcher(calls.append, every=1, repeat=2, clock=machine.clock).start()
+    pressure_machine.at(Level.HIGH)
+    w = Watcher(calls.append, every=1, repeat=2, clock=pressure_machine.clock).start()
     eventually(lambda: w.checks == 1)
     assert len(calls) == 1
-    machine.clock.advance(0.5)
+    pressure_machine.clock.advance(0.5)
     time.sleep(0.3)  # several polls: none is due yet
     assert w.checks == 1
-    machine.clock.advance(0.5)
+    pressure_machine.clock.advance(0.5)
     eventually(lambda: w.checks == 2)
     assert len(calls) == 1  # read, but the repeat (2 s) is not over
-    machine.clock.advance(1)
+    pressure_machine.clock.advance(1)
     eventually(lambda: w.checks == 3)
     assert len(calls) == 2
     w.stop()
     assert not w.running
 
 
-def test_on_pressure_watches_the_real_readings_in_the_background(machine):
+def test_on_pressure_watches_the_real_readings_in_the_background(pressure_machine):
     called = threading.Event()
-    machine.at(Level.HIGH)
+    pressure_machine.at(Level.HIGH)
     w = memory.on_pressure(lambda p: called.set(), level="high", every=0.05)
     try:
         assert called.wait(10)
@@ -96,15 +89,15 @@ def test_on_pressure_watches_the_real_readings_in_the_background(machine):
     assert not w.running and "stopped" in repr(w)
 
 
-def test_the_watcher_tells_the_components_without_any_allocation(machine):
+def test_the_watcher_tells_the_components_without_any_allocation(pressure_machine):
     p = Pool(64 * MiB)
     p.give(p.take(MiB // 8, zero=False))
-    machine.at(Level.HIGH)
-    Watcher(lambda _: None, level="critical", clock=machine.clock).check()  # fn not due; the level still counts
+    pressure_machine.at(Level.HIGH)
+    Watcher(lambda _: None, level="critical", clock=pressure_machine.clock).check()  # fn not due; the level still counts
     assert p.spares == 0
 
 
-def test_a_failing_fn_is_reported_and_the_watcher_keeps_watching(machine, monkeypatch):
+def test_a_failing_fn_is_reported_and_the_watcher_keeps_watching(pressure_machine, monkeypatch):
     reported = []
     monkeypatch.setattr(threading, "excepthook", reported.append)
     attempts = []
@@ -113,10 +106,10 @@ def test_a_failing_fn_is_reported_and_the_watcher_keeps_watching(machine, monkey
         attempts.append(1)
         raise RuntimeError("shrinking the batch failed")
 
-    machine.at(Level.HIGH)
-    w = Watcher(fails, every=1, repeat=1, clock=machine.clock).start()
+    pressure_machine.at(Level.HIGH)
+    w = Watcher(fails, every=1, repeat=1, clock=pressure_machine.clock).start()
     eventually(lambda: len(attempts) == 1)
-    machine.clock.advance(1)
+    pressure_machine.clock.advance(1)
     eventually(lambda: len(attempts) == 2)
     w.stop()
     assert [str(r.exc_value) for r in reported] == ["shrinking the batch failed"] * 2
@@ -139,7 +132,7 @@ def test_on_pressure_needs_a_function():
 
 # -- relieve ----------------------------------------------------------------------------------------------------------
 
-def test_relieve_asks_every_registered_component(machine):
+def test_relieve_asks_every_registered_component(pressure_machine):
     class Cache:
         relieved = 0
 
