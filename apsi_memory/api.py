@@ -227,9 +227,7 @@ class Status(_Reading):
 
 
 def status() -> Status:
-    from .devices import (
-        gpus,  # devices builds on this module (cores, limits): keep the import graph one-way
-    )
+    from .devices import gpus  # devices builds on this module (cores, limits): keep the import graph one-way
 
     root = resolve(None)
     reading = read_memory(root)

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from . import ledger, spill
+from . import api, ledger, spill
 from .decide import SMALL_ARRAY_BYTES, Place, place
 from .units import GiB
 
@@ -160,8 +160,6 @@ def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_b
 def _where(nbytes: int) -> Place:
     """``place`` with the budget left. How much of our arrays is still unwritten is only looked up (one
     ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none written"."""
-    from . import api
-
     level = api.current_level()
     reading = api.limits()  # budget and free from one reading
     held = ledger.held()

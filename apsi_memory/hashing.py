@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .api import cores
 from .units import MiB
 
 PIECE_BYTES = 64 * MiB
@@ -46,9 +47,7 @@ def _sha(head: bytes, data: bytes | memoryview) -> bytes:
 
 
 def _cores() -> int:
-    from .api import cores  # the affinity mask, not the host's core count
-
-    return cores()
+    return cores()  # the affinity mask, not the host's core count
 
 
 class _Sink:

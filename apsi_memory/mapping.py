@@ -28,6 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
+from . import api, arrays
 from .errors import BlockError, ChunkError
 from .outofcore import (
     BlockPages,
@@ -63,15 +64,11 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
 
 
 def _default_workers() -> int:
-    from . import api
-
     return api.cores()
 
 
 def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
          workers: int, bar: Progress) -> np.ndarray:
-    from . import arrays
-
     inputs.read_ahead(*spans[0])
     first = _result_of(fn, array, spans, 0)
     if first.dtype.hasobject:

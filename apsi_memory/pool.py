@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from . import reactions
+from . import api, reactions
 from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
 from .decide import Level
 from .errors import PoolError
@@ -291,8 +291,6 @@ class Pool:
 
 
 def _current_level() -> Level:
-    from . import api
-
     return api.current_level()
 
 
@@ -300,7 +298,5 @@ def pool(max_gb: float | str | None = None) -> Pool:
     """A pool whose spare buffers hold at most ``max_gb`` (GB, or a size string such as ``"512MB"``); by default
     a tenth of the RAM budget at creation."""
     if max_gb is None:
-        from . import api
-
         return Pool(api.budget().bytes // DEFAULT_SHARE_OF_BUDGET)
     return Pool(parse_size(max_gb))

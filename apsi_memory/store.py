@@ -73,6 +73,7 @@ import numpy as np
 import numpy.lib.format as npformat
 
 from . import reactions
+from .api import current_level
 from .decide import Level, eviction_target, ram_tier_limit
 from .errors import CorruptFileError, DiskFullError, SizeError, TamperWarning
 from .paths import display, private_dir, store_dir
@@ -776,9 +777,6 @@ class Store:
 
     def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
-        # Imported here: api pulls in the adapters, and importing the store module should stay cheap.
-        from .api import current_level
-
         self.folder = folder
         self.label = label
         self.ram_asked = ram_bytes

@@ -18,13 +18,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from . import reactions
+from . import api, reactions
+from .api import Pressure
 from .decide import Level
-
-if TYPE_CHECKING:
-    from .api import Pressure
 
 POLL_SECONDS = 0.1
 
@@ -112,8 +109,6 @@ class Watcher:
 
 
 def _read_pressure() -> Pressure:
-    from . import api
-
     return api.pressure()  # also tells the registered components about a change of level
 
 
