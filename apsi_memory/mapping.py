@@ -5,11 +5,11 @@ than RAM.
 
 How it runs
 -----------
-* ``fn`` runs on the first block in the calling thread; its result fixes the output: one row per input row, with
-  the row shape and dtype of that result. The output is a ``memory.array`` (RAM while it fits the budget, a spill
-  file otherwise).
-* The other blocks run on ``workers`` threads (default: the cores this process may use). NumPy releases the GIL
-  in its loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster.
+* Blocks run on ``workers`` threads (default: the cores this process may use). NumPy releases the GIL in its
+  loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster.
+* The first block's result fixes the output: one row per input row, with the row shape and dtype of that result.
+  The output is a ``memory.array`` (RAM while it fits the budget, a spill file otherwise). The blocks that started
+  beside the first keep their results until the output exists, so no core waits for the first block.
 * At most two blocks per worker are in flight: each is read ahead when it is handed out, and once it and every
   block before it are written, its input and output pages are released (see ``outofcore``), so memory stays flat
   however large the input and output are.
@@ -67,48 +67,103 @@ def _default_workers() -> int:
     return api.cores()
 
 
+class _Output:
+    """The output array, made from block 0's result by the thread that computed it. Blocks that started beside
+    block 0 keep their results until it exists (``wait``), so no core idles while the first block runs."""
+
+    def __init__(self, rows: int, spans: Spans) -> None:
+        self.rows, self.spans = rows, spans
+        self.array: np.ndarray | None = None
+        self.pages: BlockPages | None = None
+        self._unnoted: list[int] = []  # blocks handed out before the output existed
+        self._lock = threading.Lock()
+        self._settled = threading.Event()  # made, or never will be
+
+    def make(self, first: np.ndarray) -> None:
+        if first.dtype.hasobject:
+            raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {_rows(self.spans, 0)}; "
+                             "the output is a memory.array, which holds numbers and fixed-size records only")
+        array = arrays.array((self.rows,) + first.shape[1:], first.dtype)
+        with self._lock:
+            self.array, self.pages = array, BlockPages(array, self.spans)
+            for index in self._unnoted:
+                self.pages.note(self.spans[index][1])
+            self._unnoted.clear()
+        self._settled.set()
+
+    def note(self, index: int) -> None:
+        """Block ``index`` is about to be written (see ``BlockPages.note``)."""
+        with self._lock:
+            if self.pages is None:
+                self._unnoted.append(index)
+            else:
+                self.pages.note(self.spans[index][1])
+
+    def wait(self) -> np.ndarray | None:
+        self._settled.wait()
+        return self.array
+
+    def give_up(self) -> None:
+        """No output will come (block 0 failed, or the run stopped): wake the blocks waiting for it."""
+        self._settled.set()
+
+    def finished(self, index: int) -> None:
+        if self.pages is not None:
+            self.pages.finished(index)
+
+    def close(self) -> None:
+        if self.pages is not None:
+            self.pages.close()
+
+    def discard(self) -> None:
+        """The caller will never see the output: its RAM or spill file goes now."""
+        self.close()
+        if self.array is not None:
+            arrays.free(self.array)
+
+
 def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
          workers: int, bar: Progress) -> np.ndarray:
-    inputs.read_ahead(*spans[0])
-    first = _result_of(fn, array, spans, 0)
-    if first.dtype.hasobject:
-        raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {_rows(spans, 0)}; the "
-                         "output is a memory.array, which holds numbers and fixed-size records only")
-    out = arrays.array((len(array),) + first.shape[1:], first.dtype)
-    outputs = BlockPages(out, spans)
+    output = _Output(len(array), spans)
     try:
-        outputs.note(spans[0][1])
-        out[spans[0][0]:spans[0][1]] = first
-        _finished(0, spans, inputs, outputs, bar)
-        _run_rest(fn, array, out, spans, inputs, outputs, workers, bar)
+        _run_blocks(fn, array, spans, inputs, output, workers, bar)
     except BaseException:
-        outputs.close()
-        arrays.free(out)  # the caller never sees it: its RAM or spill file goes now
+        output.discard()
         raise
-    outputs.close()
-    return out
+    output.close()
+    assert output.array is not None
+    return output.array
 
 
-def _run_rest(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, out: np.ndarray, spans: Spans,
-              inputs: BlockPages, outputs: BlockPages, workers: int, bar: Progress) -> None:
-    """Blocks 1… on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight."""
+def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
+                output: _Output, workers: int, bar: Progress) -> None:
+    """Every block on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight."""
     stopping = threading.Event()
 
     def work(index: int) -> int:
-        if not stopping.is_set():  # a block queued before another one failed does not start
+        if stopping.is_set():  # a block queued before another one failed does not start
+            return index
+        try:
             result = _result_of(fn, array, spans, index)
+            if index == 0:
+                output.make(result)
+        finally:
+            if index == 0:
+                output.give_up()  # made, or failed: either way nobody may wait longer
+        out = output.wait()
+        if out is not None and not stopping.is_set():
             _check_like(result, out, spans, index)
             out[spans[index][0]:spans[index][1]] = result
         return index
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
         running: set[Future[int]] = set()
-        upcoming = iter(range(1, len(spans)))
+        upcoming = iter(range(len(spans)))
         try:
             while True:
                 for index in upcoming:
                     inputs.read_ahead(*spans[index])
-                    outputs.note(spans[index][1])
+                    output.note(index)
                     running.add(pool.submit(work, index))
                     if len(running) >= workers * BLOCKS_PER_WORKER:
                         break
@@ -116,15 +171,16 @@ def _run_rest(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, out: np
                     return
                 done, running = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
-                    _finished(future.result(), spans, inputs, outputs, bar)
+                    _finished(future.result(), spans, inputs, output, bar)
         except BaseException:
             stopping.set()
+            output.give_up()
             raise
 
 
-def _finished(index: int, spans: Spans, inputs: BlockPages, outputs: BlockPages, bar: Progress) -> None:
+def _finished(index: int, spans: Spans, inputs: BlockPages, output: _Output, bar: Progress) -> None:
     inputs.finished(index)
-    outputs.finished(index)
+    output.finished(index)
     bar.update(spans[index][1] - spans[index][0])
 
 
