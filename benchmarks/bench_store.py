@@ -108,6 +108,9 @@ class Filled:
         self.make = KINDS[kind]
         for i in range(n):
             self.store.set(f"k{i}", self.make(i))
+        # Write the fill out before measuring: otherwise the kernel's writeback throttling of the fill's dirty
+        # pages (a GiB for the 1 MiB arrays) lands on whichever store happens to be measured next.
+        os.sync()
         self.next = n
         self.recent: list[str] = []
         self.rng = random.Random(1)
