@@ -24,7 +24,6 @@ from .units import MiB
 
 PIECE_BYTES = 64 * MiB
 PARALLEL_FROM_BYTES = 2 * PIECE_BYTES
-DIGEST_BYTES = 32
 
 
 def array_digest(array: np.ndarray, workers: int | None = None) -> bytes:
