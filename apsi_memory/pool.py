@@ -114,7 +114,11 @@ class _Buffer:
 
 
 class _Clearer:
-    """One daemon thread per process that clears given-back buffers for the pools that asked for zeroed ones."""
+    """One daemon thread per process that clears given-back buffers for the pools that asked for zeroed ones. It
+    ends after ``IDLE_SECONDS`` without work (and starts again on the next), so a program that used a pool once
+    and then forks does not fork with our thread running."""
+
+    IDLE_SECONDS = 2.0
 
     def __init__(self) -> None:
         self._work: queue.SimpleQueue[tuple[weakref.ref[Pool], _Buffer]] = queue.SimpleQueue()
@@ -122,15 +126,22 @@ class _Clearer:
         self._lock = threading.Lock()
 
     def submit(self, pool: Pool, buffer: _Buffer) -> None:
-        with self._lock:
+        with self._lock:  # put under the lock: the thread decides to end under it, seeing the queue empty
+            self._work.put((weakref.ref(pool), buffer))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="apsi-pool-clearer", daemon=True)
                 self._thread.start()
-        self._work.put((weakref.ref(pool), buffer))
 
     def _run(self) -> None:
         while True:
-            pool_ref, buffer = self._work.get()
+            try:
+                pool_ref, buffer = self._work.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._work.empty():
+                        self._thread = None
+                        return
+                continue
             pool = pool_ref()
             if pool is not None:
                 pool._clear(buffer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import psutil
@@ -205,3 +206,31 @@ def test_threads_sharing_a_pool_never_get_the_same_buffer(pressure_machine):
     for t in threads:
         t.join()
     assert clashes == [] and p.out == 0
+
+
+def _clearer_running() -> bool:
+    return any(t.name == "apsi-pool-clearer" for t in threading.enumerate())
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 5
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_the_clearing_thread_ends_when_idle_and_comes_back(pressure_machine, monkeypatch: pytest.MonkeyPatch):
+    # A program that used a pool once and then forks should not fork with our thread running.
+    from apsi_memory.pool import _Clearer
+
+    monkeypatch.setattr(_Clearer, "IDLE_SECONDS", 0.05)
+    p = Pool(64 * MiB)
+    a = p.take((256, 1024))
+    for round_ in range(2):
+        a[:] = 7
+        p.give(a)
+        assert _clearer_running(), f"round {round_}: no thread cleared the buffer given back"
+        _wait_for(lambda: not _clearer_running())
+        assert not _clearer_running(), f"round {round_}: the idle thread did not end"
+        b = p.take((256, 1024), zero=True)  # the spare, cleared before the thread ended
+        assert address(b) == address(a) and not b.any()
+        a = b
