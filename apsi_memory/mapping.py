@@ -15,7 +15,8 @@ How it runs
   however large the input and output are.
 * A block whose result disagrees with the first (row count, row shape or dtype) raises ``ChunkError``; an
   exception in ``fn`` raises ``BlockError`` naming the block's rows, with the original as its cause. Either way no
-  further block starts, the blocks already running finish, and the output is freed (its spill file deleted).
+  further block starts, the blocks already running finish, the error of the first failing block in row order is
+  raised, and the output is freed (its spill file deleted).
 * An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
 """
 
@@ -158,19 +159,31 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
         running: set[Future[int]] = set()
+        index_of: dict[Future[int], int] = {}
         upcoming = iter(range(len(spans)))
         try:
             while True:
                 for index in upcoming:
                     inputs.read_ahead(*spans[index])
                     output.note(index)
-                    running.add(pool.submit(work, index))
+                    future = pool.submit(work, index)
+                    running.add(future)
+                    index_of[future] = index
                     if len(running) >= workers * BLOCKS_PER_WORKER:
                         break
                 if not running:
                     return
                 done, running = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
+                if any(future.exception() is not None for future in done):
+                    stopping.set()
+                    output.give_up()
+                    finished, _ = wait(running)  # the blocks already running finish
+                    failed = [future for future in done | finished if future.exception() is not None]
+                    # the first failing block in row order, whichever thread noticed first
+                    first = min(failed, key=index_of.__getitem__).exception()
+                    assert first is not None
+                    raise first
+                for future in sorted(done, key=index_of.__getitem__):
                     _finished(future.result(), spans, inputs, output, bar)
         except BaseException:
             stopping.set()

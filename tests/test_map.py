@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,6 +203,20 @@ def test_a_later_block_with_another_dtype_is_named(on_ssd: Path) -> None:
         memory.map(fn, x, rows=10, workers=1)
     assert "float32" in str(info.value) and "float64" in str(info.value)
     assert spill_files(on_ssd) == []
+
+
+def test_of_two_failing_blocks_the_first_in_row_order_is_raised(spill: Path) -> None:
+    # block 3 fails at once, block 2 a moment later: the error names block 2 all the same
+    def fn(b: np.ndarray) -> np.ndarray:
+        if b[0, 0] == 2:
+            time.sleep(0.2)
+            raise ValueError("slow")
+        if b[0, 0] == 4:
+            raise ValueError("fast")
+        return b
+
+    with pytest.raises(BlockError, match=r"rows 1:2 \(block 2 of 3\): ValueError: slow"):
+        memory.map(fn, np.arange(6.0).reshape(3, 2), rows=1, workers=2)
 
 
 def test_a_later_block_with_another_row_shape_is_named(spill: Path) -> None:
