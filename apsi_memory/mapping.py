@@ -15,8 +15,9 @@ How it runs
   however large the input and output are.
 * A block whose result disagrees with the first (row count, row shape or dtype) raises ``ChunkError``; an
   exception in ``fn`` raises ``BlockError`` naming the block's rows, with the original as its cause. Either way no
-  further block starts, the blocks already running finish, the error of the first failing block in row order is
-  raised, and the output is freed (its spill file deleted).
+  block after the failing one starts, the blocks before it and those already running finish, the error of the
+  first failing block in row order is raised (whichever thread noticed first), and the output is freed (its spill
+  file deleted).
 * An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
 """
 
@@ -139,10 +140,10 @@ def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans
 def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
                 output: _Output, workers: int, bar: Progress) -> None:
     """Every block on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight."""
-    stopping = threading.Event()
+    stop = _Stop(len(spans))
 
     def work(index: int) -> int:
-        if stopping.is_set():  # a block queued before another one failed does not start
+        if index >= stop.first:  # at or after a failed block: do not start
             return index
         try:
             result = _result_of(fn, array, spans, index)
@@ -152,9 +153,10 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
             if index == 0:
                 output.give_up()  # made, or failed: either way nobody may wait longer
         out = output.wait()
-        if out is not None and not stopping.is_set():
-            _check_like(result, out, spans, index)
-            out[spans[index][0]:spans[index][1]] = result
+        if out is not None:
+            _check_like(result, out, spans, index)  # even when stopping: an earlier block's error wins
+            if not stop.stopping:
+                out[spans[index][0]:spans[index][1]] = result
         return index
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
@@ -174,21 +176,36 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
                 if not running:
                     return
                 done, running = wait(running, return_when=FIRST_COMPLETED)
-                if any(future.exception() is not None for future in done):
-                    stopping.set()
+                failed = [future for future in done if future.exception() is not None]
+                if failed:
+                    stop.at(min(index_of[future] for future in failed))
                     output.give_up()
-                    finished, _ = wait(running)  # the blocks already running finish
-                    failed = [future for future in done | finished if future.exception() is not None]
-                    # the first failing block in row order, whichever thread noticed first
+                    finished, _ = wait(running)  # earlier blocks still run, and may fail first
+                    failed += [future for future in finished if future.exception() is not None]
                     first = min(failed, key=index_of.__getitem__).exception()
                     assert first is not None
                     raise first
                 for future in sorted(done, key=index_of.__getitem__):
                     _finished(future.result(), spans, inputs, output, bar)
         except BaseException:
-            stopping.set()
+            stop.at(0)
             output.give_up()
             raise
+
+
+class _Stop:
+    """Blocks from ``first`` on do not start. Set to the first failed block, so the blocks before it still run:
+    the error raised is always that of the first failing block in row order, whichever thread noticed first."""
+
+    def __init__(self, count: int) -> None:
+        self.count = self.first = count
+
+    def at(self, index: int) -> None:
+        self.first = min(self.first, index)
+
+    @property
+    def stopping(self) -> bool:
+        return self.first < self.count
 
 
 def _finished(index: int, spans: Spans, inputs: BlockPages, output: _Output, bar: Progress) -> None:
