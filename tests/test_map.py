@@ -58,7 +58,8 @@ def test_a_big_output_is_a_memory_array_on_the_ssd(on_ssd: Path) -> None:
     assert spill_files(on_ssd) == []
 
 
-def test_a_big_output_that_fits_the_budget_stays_in_ram_and_keeps_its_values(spill: Path) -> None:
+def test_a_big_output_that_fits_the_budget_stays_in_ram_and_keeps_its_values(spill: Path, pressure_machine) -> None:
+    # on a sim container at "ok": the real machine's pressure during a test run must not move the output
     memory.budget("1GB")
     try:
         x = np.arange(1_000_000, dtype=np.float64).reshape(-1, 4)  # 8 MB out: over the small-array size
