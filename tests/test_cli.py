@@ -50,3 +50,14 @@ def test_a_corrupt_file_is_one_clear_line_and_exit_1(machine: Callable[..., SimT
 def test_bad_arguments_are_rejected() -> None:
     assert run("pressure", "--watch", "0").returncode == 2
     assert run("nonsense").returncode == 2
+
+
+def test_a_reader_that_leaves_early_is_no_traceback(machine: Callable[..., SimTree]) -> None:
+    machine(machines.host)
+    watch = subprocess.Popen([sys.executable, "-m", "apsi_memory", "pressure", "--watch", "0.05", "--count", "100"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watch.stdout is not None and watch.stderr is not None
+    assert watch.stdout.readline().startswith("ok: 7.0 GB free")
+    watch.stdout.close()  # like `| head -1`
+    assert watch.wait(timeout=30) == 141 and "Traceback" not in watch.stderr.read()
+    watch.stderr.close()
