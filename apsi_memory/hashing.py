@@ -34,7 +34,7 @@ def array_digest(array: np.ndarray, workers: int | None = None) -> bytes:
     if len(data) < PARALLEL_FROM_BYTES:
         return _sha(head, data)
     pieces = [data[at:at + PIECE_BYTES] for at in range(0, len(data), PIECE_BYTES)]
-    with ThreadPoolExecutor(max_workers=workers or _cores()) as pool:
+    with ThreadPoolExecutor(max_workers=workers or cores()) as pool:
         digests = list(pool.map(lambda piece: hashlib.sha256(piece).digest(), pieces))
     return _sha(head, b"tree" + b"".join(digests))
 
@@ -43,10 +43,6 @@ def _sha(head: bytes, data: bytes | memoryview) -> bytes:
     h = hashlib.sha256(head + b"|")
     h.update(data)
     return h.digest()
-
-
-def _cores() -> int:
-    return cores()  # the affinity mask, not the host's core count
 
 
 class _Sink:

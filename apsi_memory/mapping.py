@@ -52,7 +52,7 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
     path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight
     hold about 32 MB of input. See the module docstring for the rules."""
     source = resolve_source(x)
-    n_workers = _default_workers() if workers is None else positive_count(workers, "workers", "a number of threads")
+    n_workers = api.cores() if workers is None else positive_count(workers, "workers", "a number of threads")
     block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
     array = source.open()
     spans = block_spans(len(array), block_rows) or [(0, 0)]
@@ -63,10 +63,6 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
     finally:
         inputs.close()
         bar.close()
-
-
-def _default_workers() -> int:
-    return api.cores()
 
 
 class _Output:

@@ -161,7 +161,7 @@ class Pool:
         self._spares: list[_Buffer] = []  # oldest first
         self._out: dict[int, tuple[weakref.ref[np.ndarray], _Buffer]] = {}  # by id(array handed out)
         self._given: dict[int, weakref.ref[np.ndarray]] = {}  # arrays given back, to name a second give
-        self._level = _current_level()
+        self._level = api.current_level()
         self._wants_zero = False
         self._lock = threading.Lock()
         reactions.register(self)
@@ -174,7 +174,7 @@ class Pool:
         ``zero=True`` gives zeros; ``zero=False`` whatever the buffer held (faster when you overwrite it all)."""
         dims, kind = normalize_shape(shape), normalize_dtype(dtype)
         nbytes = nbytes_of(dims, kind)
-        self._level = _current_level()  # an allocation path: may also tell us (on_level) to drop spares
+        self._level = api.current_level()  # an allocation path: may also tell us (on_level) to drop spares
         with self._lock:
             dirty = self._set_wants_zero(zero)
             index = choose_spare([(b.capacity, b.clean, b.busy) for b in self._spares], nbytes, zero)
@@ -204,7 +204,7 @@ class Pool:
         """Return an array ``take`` handed out. Do not use ``a`` afterwards: it becomes read-only."""
         buffer = self._take_back(a)
         a.flags.writeable = False
-        self._level = _current_level()
+        self._level = api.current_level()
         with self._lock:
             key, given = id(a), self._given
             given[key] = weakref.ref(a, lambda _: given.pop(key, None))
@@ -299,10 +299,6 @@ class Pool:
     def __repr__(self) -> str:
         return (f"<pool: {self.spares} spare buffers ({self.cleared} cleared, {fmt_mb(self.spare_bytes)} of "
                 f"{fmt_mb(self.max_bytes)} allowed), {self.out} out>")
-
-
-def _current_level() -> Level:
-    return api.current_level()
 
 
 def pool(max_gb: float | str | None = None) -> Pool:

@@ -53,7 +53,7 @@ class Watcher:
         self.level = Level.parse(level)
         self.every = every
         self.repeat = repeat
-        self.read = read or _read_pressure
+        self.read = read or api.pressure  # a reading also tells the components of a new level
         self.clock = clock
         self.checks = 0  # readings taken
         self.calls = 0  # calls of fn
@@ -106,10 +106,6 @@ class Watcher:
         state = "running" if self.running else "stopped"
         return (f"<on_pressure {state}: level {self.level}, every {self.every:g} s, repeat {self.repeat:g} s, "
                 f"{self.calls} calls>")
-
-
-def _read_pressure() -> Pressure:
-    return api.pressure()  # also tells the registered components about a change of level
 
 
 def on_pressure(fn: Callable[[Pressure], object], level: Level | str = "high", every: float = 1,
