@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -23,6 +23,9 @@ from .errors import SizeError
 from .measure import MemoryReading, read_memory
 from .reactions import LevelTracker
 from .units import GiB, fmt_gb, parse_size
+
+if TYPE_CHECKING:
+    from .devices import Gpu  # devices builds on this module: see status()
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
 
@@ -193,17 +196,6 @@ def _load(root: str | None) -> float:
 
 
 @dataclass(frozen=True)
-class GpuLine:
-    device: str
-    name: str
-    free_bytes: int
-    total_bytes: int
-
-    def __str__(self) -> str:
-        return f"{self.device} {self.name} {self.free_bytes / GiB:.1f}/{self.total_bytes / GiB:.1f} GB free"
-
-
-@dataclass(frozen=True)
 class Status(_Reading):
     ram_free_bytes: int
     ram_usable_bytes: int
@@ -215,7 +207,7 @@ class Status(_Reading):
     spill_free_bytes: int
     cores: int
     load: float
-    gpus: list[GpuLine]
+    gpus: list[Gpu]
 
     def __str__(self) -> str:
         gpus = ", ".join(str(gpu) for gpu in self.gpus) or "no GPU"
@@ -237,5 +229,5 @@ def status() -> Status:
         process_rss_bytes=_process_rss(root), budget_bytes=_budget_from(reading).bytes,
         swap_free_bytes=reading.host.swap_free, spill_dir=spill, spill_free_bytes=disk_free(spill),
         cores=cores(root), load=_load(root),
-        gpus=[GpuLine(g.device, g.name, g.free_bytes, g.total_bytes) for g in gpus()],
+        gpus=gpus(),
     )
