@@ -6,8 +6,9 @@ What a user gets
   ``numpy.memmap`` (a subclass) on the SSD. NumPy code cannot tell them apart; ``on_disk(x)`` can.
 * Where it goes is ``decide.place(nbytes, budget_left, level)``, with ``budget_left`` the budget less the RAM our
   arrays already hold, capped at the memory free now less the pages of our arrays not written yet (see
-  ``budget_left``), and the level from ``current_level()`` (re-measured at most twice a second). Arrays under ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a
-  small ``memory.array`` costs a ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
+  ``budget_left``), and the level from ``current_level()`` (re-measured at most twice a second). Arrays under
+  ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a small ``memory.array`` costs a
+  ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
 * Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
   still point at them (see below).
 
