@@ -16,7 +16,7 @@ import psutil
 from . import ledger, paths
 from .adapters.cgroup import CgroupMemory
 from .adapters.disk import disk_free
-from .adapters.procfs import read_loadavg, read_proc_status
+from .adapters.procfs import ProcStatus, read_loadavg, read_proc_status
 from .adapters.root import resolve
 from .decide import Level, default_budget, pressure_level
 from .errors import SizeError
@@ -177,14 +177,16 @@ def current_level() -> Level:
 
 def cores(root: str | None = None) -> int:
     """CPUs this process may run on, as ``nproc`` counts them (its affinity mask)."""
-    status = read_proc_status(root)
+    return _cores_from(read_proc_status(root))
+
+
+def _cores_from(status: ProcStatus | None) -> int:
     if status is not None and status.cpus:
         return status.cpus
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _process_rss(root: str | None) -> int:
-    status = read_proc_status(root)
+def _rss_from(status: ProcStatus | None) -> int:
     if status is not None and status.rss is not None:
         return status.rss
     return int(psutil.Process().memory_info().rss)
@@ -222,12 +224,12 @@ def status() -> Status:
     from .devices import gpus  # devices builds on this module (cores, limits): keep the import graph one-way
 
     root = resolve(None)
-    reading = read_memory(root)
+    reading, process = read_memory(root), read_proc_status(root)
     spill = paths.spill_dir()
     return Status(
         ram_free_bytes=reading.free, ram_usable_bytes=reading.usable, source=reading.source,
-        process_rss_bytes=_process_rss(root), budget_bytes=_budget_from(reading).bytes,
+        process_rss_bytes=_rss_from(process), budget_bytes=_budget_from(reading).bytes,
         swap_free_bytes=reading.host.swap_free, spill_dir=spill, spill_free_bytes=disk_free(spill),
-        cores=cores(root), load=_load(root),
+        cores=_cores_from(process), load=_load(root),
         gpus=gpus(),
     )
