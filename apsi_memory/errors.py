@@ -48,3 +48,7 @@ class BatchTooSmallError(ApsiMemoryError, MemoryError):
 
 class TamperWarning(UserWarning):
     """A store file whose signature did not match was removed unread."""
+
+
+class BudgetWarning(UserWarning):
+    """``budget()`` was set above the memory this process may use; arrays are still placed by what is free."""
