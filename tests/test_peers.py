@@ -2,7 +2,7 @@
 a root (``proc/...``, ``sys/fs/cgroup/...``) read by the real adapters, and a provenance.json that says where its
 files came from, what the peer's own test asserts, and what apsi_memory must read from it.
 
-Cases whose expectation waits on an issue-10 fix name it in ``xfail`` and fail strictly until the fix lands.
+Cases whose expectation waits on a fix name its issue in ``xfail`` and fail strictly until the fix lands.
 """
 
 from __future__ import annotations
