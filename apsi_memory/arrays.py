@@ -39,6 +39,7 @@ import numpy as np
 
 from . import api, ledger, spill
 from .decide import SMALL_ARRAY_BYTES, Place, place
+from .errors import ArgumentError, ArgumentTypeError
 from .units import GiB
 
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -105,9 +106,9 @@ def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
         dims = (operator.index(shape),) if isinstance(shape, (int, np.integer)) else tuple(
             map(operator.index, shape))
     except TypeError:
-        raise TypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
+        raise ArgumentTypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
     if dims and min(dims) < 0:
-        raise ValueError(f"shape {shape!r} has a negative dimension")
+        raise ArgumentError(f"shape {shape!r} has a negative dimension")
     return dims
 
 
@@ -123,9 +124,9 @@ def normalize_dtype(dtype: Any) -> np.dtype[Any]:
     try:
         result: np.dtype[Any] = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
+        raise ArgumentTypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
     if result.hasobject:
-        raise TypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped file; "
+        raise ArgumentTypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped file; "
                         "use a numeric dtype")
     with contextlib.suppress(TypeError):
         _dtypes[dtype] = result
@@ -259,7 +260,7 @@ def free(x: np.ndarray) -> None:
 
     Afterwards ``x`` is read-only and reads zeros (see the module docstring). Freeing twice does nothing."""
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
+        raise ArgumentTypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
     entry = _find(x)
     if entry is None:
         return  # not ours, or already collected: nothing to give back

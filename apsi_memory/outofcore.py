@@ -42,7 +42,7 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.lib.format as npy_format
 
-from .errors import ChunkError, CorruptFileError
+from .errors import ChunkError, CorruptFileError, MissingExtraError
 from .units import MiB
 
 PAGE = mmap.PAGESIZE
@@ -733,6 +733,6 @@ def progress_bar(show: bool, total_rows: int, what: str) -> Progress:
     try:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:
-        raise ImportError("progress=True needs tqdm: pip install 'apsi-memory[progress]'") from None
+        raise MissingExtraError("progress=True needs tqdm: pip install 'apsi-memory[progress]'") from None
     bar: Progress = tqdm(total=total_rows, unit=" rows", unit_scale=True, desc=what)
     return bar

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from . import api, reactions
 from .api import Pressure
 from .decide import Level
+from .errors import ArgumentError, ArgumentTypeError
 
 POLL_SECONDS = 0.1
 
@@ -46,9 +47,9 @@ class Watcher:
                  repeat: float = 10.0, read: Callable[[], Pressure] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not callable(fn):
-            raise TypeError(f"on_pressure needs a function to call, not {type(fn).__name__}")
+            raise ArgumentTypeError(f"on_pressure needs a function to call, not {type(fn).__name__}")
         if not every > 0 or not repeat > 0:
-            raise ValueError(f"every ({every!r}) and repeat ({repeat!r}) must be positive numbers of seconds")
+            raise ArgumentError(f"every ({every!r}) and repeat ({repeat!r}) must be positive numbers of seconds")
         self.fn = fn
         self.level = Level.parse(level)
         self.every = every
