@@ -30,6 +30,7 @@ import contextlib
 import math
 import mmap
 import operator
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -126,15 +127,23 @@ def normalize_dtype(dtype: Any) -> np.dtype[Any]:
     except TypeError as exc:
         raise ArgumentTypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
     if result.hasobject:
-        raise ArgumentTypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped file; "
-                        "use a numeric dtype")
+        raise ArgumentTypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped "
+                                "file; use a numeric dtype")
+    if result.itemsize == 0:  # "S0"/"U0": NumPy makes S1/U1 arrays, so count the bytes they really take
+        result = np.empty(0, result).dtype
     with contextlib.suppress(TypeError):
         _dtypes[dtype] = result
     return result
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
-    return math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+    """Bytes an array of ``shape`` and ``dtype`` takes; ``ArgumentError`` naming both when no array can be that
+    big (more than an address can count)."""
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+    if nbytes > sys.maxsize:
+        raise ArgumentError(f"shape {shape} of {dtype} would take {nbytes} bytes, more than any array can hold "
+                            f"({sys.maxsize} at most)")
+    return nbytes
 
 
 # -- array -------------------------------------------------------------------------------------------------------
@@ -281,6 +290,8 @@ def _make_read_only(*arrays: np.ndarray | None) -> None:
 
 def on_disk(x: np.ndarray) -> bool:
     """Whether ``x`` lives in a file (a spill file, or any ``numpy.memmap``) rather than RAM."""
+    if not isinstance(x, np.ndarray):
+        raise ArgumentTypeError(f"memory.on_disk takes a NumPy array, not {type(x).__name__}")
     entry = _find(x)
     if entry is not None:
         return entry.place is Place.SSD
