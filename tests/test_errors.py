@@ -55,7 +55,8 @@ def test_every_error_class_is_exported_and_also_a_builtin_kind(name):
     cls = error_module_classes()[name]
     assert name in apsi_memory.__all__ and getattr(apsi_memory, name) is cls
     if issubclass(cls, Warning):
-        assert any(base.__module__ == "builtins" for base in cls.__mro__[1:] if base is not Warning)
+        assert any(issubclass(base, Warning) and base not in (cls, Warning) and base.__module__ == "builtins"
+                   for base in cls.__mro__), f"{name} derives from no builtin warning category"
         return
     assert issubclass(cls, ApsiMemoryError)
     caught = {base for base in cls.__mro__ if base.__module__ == "builtins"} - {Exception, BaseException, object}
