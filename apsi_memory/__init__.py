@@ -27,15 +27,21 @@ from __future__ import annotations
 from .decide import Level, Place
 from .errors import (
     ApsiMemoryError,
+    ArgumentError,
+    ArgumentTypeError,
     BatchTooSmallError,
     BlockError,
     BudgetWarning,
     ChunkError,
     CorruptFileError,
     DiskFullError,
+    MissingExtraError,
+    MissingKeyError,
     PoolError,
     SizeError,
+    SystemCallError,
     TamperWarning,
+    UnsafePathError,
 )
 from .units import parse_size
 
@@ -86,6 +92,12 @@ __all__ = [
     "PoolError",
     "SizeError",
     "TamperWarning",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "MissingExtraError",
+    "MissingKeyError",
+    "SystemCallError",
+    "UnsafePathError",
     # chunks and map
     "chunks",
     "map",

@@ -199,8 +199,9 @@ TRACKER = LevelTracker(_measure_level)
 
 def pressure() -> Pressure:
     """Measure now; the level uses the last one for hysteresis and registered components hear of a change."""
-    reading = _pressure_from(read_memory(), TRACKER.level)
-    TRACKER.update(reading.level)
+    ticket, previous = TRACKER.begin()
+    reading = _pressure_from(read_memory(), previous)
+    TRACKER.publish(ticket, reading.level)
     return reading
 
 

@@ -30,6 +30,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .errors import ArgumentError
+
 
 class Level(str, enum.Enum):
     """``ok`` < ``moderate`` < ``high`` < ``critical``. Compares with the plain strings too (``level == "high"``)."""
@@ -52,7 +54,7 @@ class Level(str, enum.Enum):
             return cls(value)
         except ValueError:
             names = ", ".join(level.value for level in cls)
-            raise ValueError(f"unknown pressure level {value!r}; use one of {names}") from None
+            raise ArgumentError(f"unknown pressure level {value!r}; use one of {names}") from None
 
     def __lt__(self, other: object) -> bool:
         return self.rank < Level.parse(other).rank  # type: ignore[arg-type]
