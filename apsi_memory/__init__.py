@@ -11,15 +11,18 @@ Theory of operation
   usable memory and PSI stalls, with hysteresis), the default budget, RAM-or-SSD placement, the 90 % eviction
   target, batch halving, size strings. They do no I/O, so every documented decision is testable with integers.
 * ``adapters`` read kernel files (``/proc``, cgroup v1/v2, PSI, disk) under an injectable root — a pure
-  ``parse_x(text)`` and a one-line reader each. ``sim/`` writes fake machines under a temporary root for them.
-* ``measure`` and ``api`` join the two into the public readings: ``status``, ``limits``, ``pressure``, ``budget``,
-  and ``current_level`` — the level re-measured at most twice a second on allocation paths.
-* ``reactions`` is the one mechanism by which pools and stores hear of a level change (shrink at ``high``, empty
-  at ``critical``, grow back at ``ok``) and give RAM back on ``relieve``.
+  ``parse_x(text)`` and a one-line reader each — and tell the time (``adapters.clock``). ``sim/`` writes fake
+  machines under a temporary root for them, and has a clock the tests move.
+* ``machinery.Machine`` holds what the library keeps about the machine: its root and clock, the budget, the
+  RAM ``ledger``, the ``levels`` tracker (re-measured at most twice a second on allocation paths) and the
+  components that hear of a level change (``reactions`` reaches them: shrink at ``high``, empty at ``critical``,
+  grow back at ``ok``, give RAM back on ``relieve``). ``machine()`` is the process's; ``with m.use():`` installs
+  another (``sim.machine(tree)`` in tests). ``measure`` + ``readings`` make its readings.
 * ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
   (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` + ``outofcore`` (streaming larger than RAM),
   ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache), ``devices`` + ``batch`` (GPUs and
-  ``fit_batch``) build on them. Every public name is re-exported here explicitly.
+  ``fit_batch``) build on the machine. ``api`` and ``status`` are the readings of ``machine()``; ``cli`` prints
+  them. Every public name is re-exported here explicitly. README "Layout" draws the layers.
 """
 
 from __future__ import annotations
@@ -45,31 +48,36 @@ from .errors import (
 )
 from .units import parse_size
 
-# -- foundation: status, limits, pressure, budget (api.py) --
-from .api import Budget, Limits, Pressure, Status, budget, cores, current_level, limits, pressure, status
+# -- the machine and its readings: limits, pressure, budget (machinery.py, readings.py, api.py), status (status.py) --
+from .api import budget, cores, current_level, limits, pressure
+from .machinery import Machine, machine
+from .readings import Budget, Limits, Pressure
+from .status import Status, status  # (the function shadows the submodule: ``from apsi_memory.status import Status``)
 
-# -- arrays, pool, on_pressure, relieve (arrays.py, pool.py, watch.py) --
+# -- array, free, on_disk, report (arrays.py); pool (pool.py); on_pressure, relieve (watch.py) --
 # (the function ``pool`` shadows the submodule attribute: use ``from apsi_memory.pool import Pool``)
 from .arrays import ArrayRecord, array, free, on_disk, report
 from .pool import Pool, pool
 from .watch import Watcher, on_pressure, relieve
 
-# -- chunks and map (outofcore.py) --
+# -- chunks (chunks.py) and map (mapping.py), both over outofcore.py --
 # (``map`` shadows the builtin inside this namespace only: ``memory.map``)
 from .chunks import chunks
 from .mapping import map
 
-# -- store and cached (store.py, cached.py) --
+# -- store, allow_write (store.py) and cached (cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
 from .cached import cached
 from .store import Store, allow_write, store
 
-# -- devices and fit_batch (devices.py, batch.py) --
+# -- devices, best_device (devices.py) and fit_batch (batch.py) --
 # (the function ``devices`` shadows the submodule attribute: use ``from apsi_memory.devices import gpus``)
 from .batch import fit_batch
 from .devices import Cpu, Devices, Gpu, best_device, devices
 
 __all__ = [
+    "Machine",
+    "machine",
     "Budget",
     "Limits",
     "Pressure",

@@ -38,9 +38,11 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from . import api, ledger, spill
+from . import spill
 from .decide import SMALL_ARRAY_BYTES, Place, place
 from .errors import ArgumentError, ArgumentTypeError
+from .ledger import Ledger
+from .machinery import machine
 from .units import GiB
 
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -69,13 +71,13 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
     what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("address", "array", "dtype", "freed", "key", "length", "path", "place", "shape")
+    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "path", "place", "shape")
 
     def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
         return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
 
     def __init__(self, owner: Any, x: np.ndarray, place: Place, path: str | None = None, address: int = 0,
-                 length: int = 0) -> None:
+                 length: int = 0, ledger: Ledger | None = None) -> None:
         self.key = id(owner)  # (weakref.ref.__init__ only checks the arguments __new__ already took)
         self.shape: tuple[int, ...] = x.shape
         self.dtype = x.dtype
@@ -85,6 +87,7 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
         self.array: Any = self if x is owner else weakref.ref(x)
         self.address = address  # the pages to give back on free (0, 0 for a small array: NumPy's allocation)
         self.length = length
+        self.ledger = ledger  # where a big RAM array is counted: its bytes go back there, whichever machine is in use
         self.freed = False
 
     @property
@@ -171,9 +174,10 @@ def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_b
 def _where(nbytes: int) -> Place:
     """``place`` with the budget left. How much of our arrays is still unwritten is only looked up (one
     ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none written"."""
-    level = api.current_level()
-    reading = api.limits()  # budget and free from one reading
-    held = ledger.held()
+    m = machine()
+    level = m.current_level()
+    reading = m.limits()  # budget and free from one reading
+    held = m.ledger.held()
 
     def where(unwritten: int) -> Place:
         return place(nbytes, budget_left(reading.budget_bytes, held, reading.free_bytes, unwritten), level)
@@ -211,7 +215,8 @@ def anonymous_memory(nbytes: int) -> mmap.mmap:
 def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
     buffer = anonymous_memory(nbytes)
     x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
-    _remember(_Tracked(buffer, x, Place.RAM, None, x.ctypes.data, len(buffer)))
+    ledger = machine().ledger
+    _remember(_Tracked(buffer, x, Place.RAM, None, x.ctypes.data, len(buffer), ledger))
     ledger.add(nbytes)
     return x
 
@@ -241,7 +246,8 @@ def _give_back(entry: _Tracked, release: bool) -> None:
     if entry.length == 0:
         return  # a small array: NumPy's allocation, not in the ledger (see _small)
     if entry.place is Place.RAM:
-        ledger.remove(entry.nbytes)
+        if entry.ledger is not None:
+            entry.ledger.remove(entry.nbytes)
         if release:
             spill.detach(entry.address, entry.length)
     elif entry.path is not None:

@@ -6,11 +6,12 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 
-from .api import limits, pressure, status
+from .api import limits, pressure
 from .errors import ApsiMemoryError
+from .machinery import machine
+from .status import status
 from .units import seconds
 
 COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _show(read(), args.json)
         shown = 1
         while watch and (args.count is None or shown < args.count):
-            time.sleep(watch)
+            machine().clock.wait(watch)
             _show(read(), args.json)
             shown += 1
     except ApsiMemoryError as exc:

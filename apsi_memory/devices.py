@@ -24,7 +24,7 @@ Which library is asked, the first that applies:
 3. PyTorch then CuPy, imported if need be (``import_frameworks=False`` skips this). Last, because importing
    PyTorch costs seconds (1.8-2.9 s and 180 MB of RSS for the CPU build on a 2-core VM) and asking it for free
    memory makes a context on every device. Skipped, too, where the kernel shows no GPU driver (``/dev/nvidiactl``,
-   ``/proc/driver/nvidia/gpus``, ROCm's ``/dev/kfd``, WSL's ``/dev/dxg``; read under ``APSI_FS_ROOT``): there
+   ``/proc/driver/nvidia/gpus``, ROCm's ``/dev/kfd``, WSL's ``/dev/dxg``; read under the machine's root): there
    PyTorch could not find a GPU anyway, so ``status()`` on a CPU machine stays fast.
 
 When a framework lists the devices and NVML is installed, free memory still comes from NVML (matched by UUID),
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from . import api
 from .adapters.root import resolve, under
+from .machinery import machine
 from .units import GiB, fmt_gb, parse_size
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,9 @@ class Devices(tuple):  # type: ignore[type-arg]
 
 def devices() -> Devices:
     """The CPU (cores, free RAM as ``limits()`` sees it, cgroup-aware) and every visible GPU."""
-    limits = api.limits()
-    cpu = Cpu(api.cores(), limits.free_bytes, limits.usable_bytes, limits.source)
+    m = machine()
+    limits = m.limits()
+    cpu = Cpu(m.cores(), limits.free_bytes, limits.usable_bytes, limits.source)
     return Devices([cpu, *gpus()])
 
 
@@ -159,7 +160,7 @@ def gpu_driver_present(platform: str = sys.platform, root: str | None = None) ->
         return False  # no CUDA on macOS
     if not platform.startswith("linux"):
         return True
-    base = resolve(root)
+    base = machine().root if root is None else resolve(root)
     return any(os.path.exists(under(base, path)) for path in DRIVER_FILES)
 
 

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from . import api, reactions
 from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
 from .decide import Level
 from .errors import ArgumentTypeError, PoolError
+from .machinery import machine
 from .units import fmt_mb, parse_size
 
 PAGE = mmap.PAGESIZE
@@ -161,10 +161,11 @@ class Pool:
         self._spares: list[_Buffer] = []  # oldest first
         self._out: dict[int, tuple[weakref.ref[np.ndarray], _Buffer]] = {}  # by id(array handed out)
         self._given: dict[int, weakref.ref[np.ndarray]] = {}  # arrays given back, to name a second give
-        self._level = api.current_level()
+        self._machine = machine()  # the one whose levels this pool hears
+        self._level = self._machine.current_level()
         self._wants_zero = False
         self._lock = threading.Lock()
-        reactions.register(self)
+        self._machine.components.register(self)
 
     # -- take and give -------------------------------------------------------------------------------------------
 
@@ -177,7 +178,7 @@ class Pool:
         zero = bool(zero)
         dims, kind = normalize_shape(shape), normalize_dtype(dtype)
         nbytes = nbytes_of(dims, kind)
-        self._level = api.current_level()  # an allocation path: may also tell us (on_level) to drop spares
+        self._level = self._machine.current_level()  # an allocation path: may also tell us (on_level) to drop spares
         with self._lock:
             dirty = self._set_wants_zero(zero)
             index = choose_spare([(b.capacity, b.clean, b.busy) for b in self._spares], nbytes, zero)
@@ -207,7 +208,7 @@ class Pool:
         """Return an array ``take`` handed out. Do not use ``a`` afterwards: it becomes read-only."""
         buffer = self._take_back(a)
         a.flags.writeable = False
-        self._level = api.current_level()
+        self._level = self._machine.current_level()
         with self._lock:
             key, given = id(a), self._given
             given[key] = weakref.ref(a, lambda _: given.pop(key, None))
@@ -308,5 +309,5 @@ def pool(max_gb: float | str | None = None) -> Pool:
     """A pool whose spare buffers hold at most ``max_gb`` (GB, or a size string such as ``"512MB"``); by default
     a tenth of the RAM budget at creation."""
     if max_gb is None:
-        return Pool(api.budget().bytes // DEFAULT_SHARE_OF_BUDGET)
+        return Pool(machine().budget().bytes // DEFAULT_SHARE_OF_BUDGET)
     return Pool(parse_size(max_gb))

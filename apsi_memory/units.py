@@ -81,10 +81,6 @@ def seconds(value: object, name: str) -> float:
     return number
 
 
-def gb(n_bytes: float) -> float:
-    return n_bytes / GiB
-
-
 def fmt_gb(n_bytes: float, digits: int = 1) -> str:
     """``5.8 GB`` (binary GB)."""
     return f"{n_bytes / GiB:.{digits}f} GB"

@@ -13,19 +13,18 @@ and the watcher keeps watching.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import sys
 import threading
-import time
 from collections.abc import Callable
 
-from . import api, reactions
-from .api import Pressure
+from .adapters.clock import Clock
 from .decide import Level
 from .errors import ArgumentTypeError
+from .machinery import machine
+from .readings import Pressure
 from .units import seconds
-
-POLL_SECONDS = 0.1
 
 
 def next_call(level_now: Level, threshold: Level, last_call: float | None, now: float,
@@ -42,19 +41,22 @@ def next_call(level_now: Level, threshold: Level, last_call: float | None, now: 
 
 
 class Watcher:
-    """Calls ``fn(reading)`` from a daemon thread while the pressure level is at ``level`` or above."""
+    """Calls ``fn(reading)`` from a daemon thread while the pressure level is at ``level`` or above.
+
+    It reads and waits on the machine installed when it was made (``machine()``) unless given ``read``/``clock``."""
 
     def __init__(self, fn: Callable[[Pressure], object], level: Level | str = Level.HIGH, every: float = 1.0,
                  repeat: float = 10.0, read: Callable[[], Pressure] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Clock | None = None) -> None:
         if not callable(fn):
             raise ArgumentTypeError(f"on_pressure needs a function to call, not {type(fn).__name__}")
         self.fn = fn
         self.level = Level.parse(level)
         self.every = seconds(every, "on_pressure: every")
         self.repeat = seconds(repeat, "on_pressure: repeat")
-        self.read = read or api.pressure  # a reading also tells the components of a new level
-        self.clock = clock
+        watched = machine()
+        self.read = read or watched.pressure  # a reading also tells the components of a new level
+        self.clock = clock or watched.clock
         self.checks = 0  # readings taken
         self.calls = 0  # calls of fn
         self._last_call: float | None = None
@@ -69,21 +71,17 @@ class Watcher:
         """One reading: call ``fn`` if it is due. Returns whether it was called."""
         reading = self.read()
         self.checks += 1
-        call, self._last_call = next_call(reading.level, self.level, self._last_call, self.clock(), self.repeat)
+        call, self._last_call = next_call(reading.level, self.level, self._last_call, self.clock.now(), self.repeat)
         if call:
             self.calls += 1
             self.fn(reading)
         return call
 
     def _run(self) -> None:
-        next_check = self.clock()
         while not self._stopped.is_set():
-            if self.clock() >= next_check:
-                self._check_and_report()
-                next_check = self.clock() + self.every
-            # Deadlines are kept on the injected clock; short real waits let a test's clock drive the loop and
-            # let stop() end it within POLL_SECONDS.
-            self._stopped.wait(min(max(next_check - self.clock(), 0.0), POLL_SECONDS))
+            self._check_and_report()
+            if self.clock.wait(self.every, self._stopped):
+                return
 
     def _check_and_report(self) -> None:
         try:
@@ -92,8 +90,8 @@ class Watcher:
             threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))
 
     def stop(self, timeout: float = 5.0) -> None:
-        """End the watcher; returns once its thread has finished (within ``POLL_SECONDS``, unless ``fn`` is
-        running: then at most ``timeout`` seconds)."""
+        """End the watcher; returns once its thread has finished (at once, unless ``fn`` is running: then at most
+        ``timeout`` seconds)."""
         self._stopped.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -117,7 +115,8 @@ def on_pressure(fn: Callable[[Pressure], object], level: Level | str = "high", e
 
 # -- relieve -----------------------------------------------------------------------------------------------------
 
-def _load_malloc_trim() -> Callable[[int], int] | None:
+@functools.cache  # loaded on the first relieve(), not at import
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
         function = ctypes.CDLL(None).malloc_trim  # the C library this interpreter uses
     except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
@@ -127,13 +126,12 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
     return function
 
 
-_malloc_trim = _load_malloc_trim()
-
 
 def relieve() -> None:
     """Give cached RAM back now: pools' spare buffers (and stores' RAM tiers), then a garbage collection, then
     glibc's ``malloc_trim(0)``, which returns freed heap pages to the kernel (where the C library is glibc)."""
-    reactions.relieve_components()
+    machine().components.relieve()
     gc.collect()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

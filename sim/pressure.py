@@ -1,9 +1,9 @@
-"""A container whose memory use a test sets, read by the real ``api`` through the lead's sim tree.
+"""A container whose memory use and stalls a test sets, read by the real library through ``sim.machine``.
 
-The machine is ``sim.tree.docker_v1`` (a v1 memory cgroup with a limit); ``at(level)`` rewrites the group's usage
-so that the kernel files show that pressure level, and the level tracker runs on a ``FakeClock`` so its
-"at most twice a second" is under the test's control. Nothing of ours is mocked: ``api`` reads these files through
-the adapters' root (``apsi_memory.adapters.root.ROOT``), the same injection point as ``APSI_FS_ROOT``.
+The machine is ``sim.tree.docker_v1`` (a v1 memory cgroup with a limit) on a ``FakeClock``; ``at(level)`` rewrites
+the group's usage so that the kernel files show that pressure level, and ``stalls(some, full)`` rewrites PSI
+(``/proc/pressure/memory``), so a level can come from either signal. Nothing of ours is mocked: the ``Machine``
+reads these files through the adapters, as it reads ``/``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from apsi_memory import api
-from apsi_memory.adapters import root as fs_root
+from apsi_memory import machinery
 from apsi_memory.decide import LEVEL_TABLE, Level
-from apsi_memory.reactions import LevelTracker
+from sim import machine
 from sim.clock import FakeClock
 from sim.tree import MiB, docker_v1
 
@@ -34,21 +33,25 @@ class PressureMachine:
         self.limit = limit
         self.tree = docker_v1(root, limit=limit, usage=0, inactive_file=0)
         self.clock = FakeClock()
-        self.tracker = LevelTracker(api._measure_level, self.clock)
+        self.machine = machine(self.tree, self.clock)
 
     def install(self, monkeypatch: Any) -> PressureMachine:
-        """Point the real api at this machine for one test (``monkeypatch`` undoes it)."""
-        monkeypatch.setattr(fs_root, "ROOT", str(self.tree))
-        monkeypatch.setattr(api, "TRACKER", self.tracker)
-        monkeypatch.delenv(api.BUDGET_ENV, raising=False)
+        """Make this the default machine for one test (``monkeypatch`` undoes it); a fixture that can use
+        ``with pm.machine.use():`` needs no monkeypatch (``tests/conftest.py``'s ``pressure_machine``)."""
+        monkeypatch.setattr(machinery, "_current", self.machine)
+        monkeypatch.delenv(machinery.BUDGET_ENV, raising=False)
         return self
 
-    def use(self, n_bytes: int) -> None:
+    def set_usage(self, n_bytes: int) -> None:
         self.tree.v1_group(GROUP, self.limit, n_bytes, 0)
 
     def at(self, level: Level) -> None:
         """Show ``level`` in the files; the tracker sees it at its next measurement."""
-        self.use(int(self.limit * used_share(level)))
+        self.set_usage(int(self.limit * used_share(level)))
+
+    def stalls(self, some: float, full: float | None = 0.0) -> None:
+        """Show PSI ``some``/``full`` avg10 (percent) in ``/proc/pressure/memory``."""
+        self.tree.psi(some, full)
 
     def next_measurement(self) -> None:
         """Move the clock to when the tracker measures again."""

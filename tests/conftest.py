@@ -1,41 +1,59 @@
+"""Fixtures every test module shares. Each name means one thing everywhere:
+
+* ``sim_machine(scenario, **kwargs)``: builds a ``sim.tree`` scenario and installs ``sim.machine(tree)`` as the
+  default machine for the test (``APSI_FS_ROOT`` too, for subprocesses); returns the tree.
+* ``pressure_machine``: a container whose pressure level the test sets (``sim.pressure.PressureMachine``), installed.
+* ``home``: the test's ``~/.apsi`` (``home / "home"``) and store folder (``home / "stores"``).
+* ``spill``, ``on_ssd``: a spill folder under the test's tmp; ``on_ssd`` also sets the budget to 0.
+* ``memcg``: a real v1 child memory cgroup.
+
+Every test also runs on a fresh ``Machine`` of the real host (its own budget, ledger, level and components) and
+its own ``APSI_HOME``, so nothing a test sets reaches another and no global needs resetting afterwards.
+"""
+
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
 import pytest
 
-import apsi_memory.adapters.root as fs_root
-from apsi_memory import api
+import apsi_memory as memory
+import sim
+from apsi_memory import Machine
 from sim.pressure import PressureMachine
 from sim.tree import MiB, SimTree
 from tests.realcg import ChildGroup, child_group
 
+BuildMachine = Callable[..., SimTree]
+
 
 @pytest.fixture(autouse=True)
 def private_apsi_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Every test gets its own ~/.apsi and the default budget, so no test reads or writes the user's."""
+    """Every test gets its own ~/.apsi and a fresh machine, so no test reads or writes the user's."""
     home = tmp_path_factory.mktemp("apsi-home")
     monkeypatch.setenv("APSI_HOME", str(home))
     for name in ("APSI_SPILL_DIR", "APSI_STORE_DIR", "APSI_RAM_BUDGET", "APSI_ALLOW_WRITE", "APSI_FS_ROOT"):
         monkeypatch.delenv(name, raising=False)
-    yield home
-    monkeypatch.undo()  # back on the real machine first: budget() measures
-    api.budget("auto")
+    with Machine().use():
+        yield home
+        monkeypatch.undo()  # while this machine is installed: a test's monkeypatched default must not outlive it
 
 
 @pytest.fixture
-def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SimTree]:
-    """``machine(sim.tree.docker_v1, limit=...)`` builds a fake machine and points the real adapters at it."""
+def sim_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BuildMachine]:
+    """``sim_machine(sim.tree.docker_v1, limit=...)`` builds a fake machine and makes it the default."""
+    with contextlib.ExitStack() as installed:
 
-    def build(scenario: Callable[..., SimTree], **kwargs: object) -> SimTree:
-        tree = scenario(tmp_path / "root", **kwargs)
-        monkeypatch.setattr(fs_root, "ROOT", str(tree.root))
-        monkeypatch.setenv("APSI_FS_ROOT", str(tree.root))  # for subprocesses
-        return tree
+        def build(scenario: BuildMachine, **kwargs: object) -> SimTree:
+            tree = scenario(tmp_path / "root", **kwargs)
+            installed.enter_context(sim.machine(tree).use())
+            monkeypatch.setenv("APSI_FS_ROOT", str(tree.root))  # for subprocesses
+            return tree
 
-    return build
+        yield build
 
 
 @pytest.fixture
@@ -47,10 +65,26 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def pressure_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PressureMachine:
+def pressure_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PressureMachine]:
     """A container (sim v1 tree, 256 MiB limit) whose pressure level the test sets; spill files under tmp."""
     monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path / "spill"))
-    return PressureMachine(tmp_path / "root", limit=256 * MiB).install(monkeypatch)
+    pm = PressureMachine(tmp_path / "root", limit=256 * MiB)
+    with pm.machine.use():
+        yield pm
+
+
+@pytest.fixture
+def spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "spill"
+    monkeypatch.setenv("APSI_SPILL_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def on_ssd(spill: Path) -> Path:
+    """A RAM budget of zero: every array over 1 MiB goes to a spill file."""
+    memory.budget(0)
+    return spill
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import ledger
 from apsi_memory.decide import Level
 from sim.tree import MiB
 
@@ -99,7 +98,7 @@ def test_zero_budget_sends_every_big_array_to_the_ssd_and_keeps_small_ones_in_ra
 
 def test_a_budget_larger_than_free_memory_does_not_put_an_array_in_ram_that_cannot_fit(pressure_machine):
     memory.budget("1TB")
-    pressure_machine.use(128 * MiB)  # 128 MiB of 256 free: level still ok
+    pressure_machine.set_usage(128 * MiB)  # 128 MiB of 256 free: level still ok
     pressure_machine.next_measurement()
     assert memory.on_disk(memory.array(200 * MiB, "uint8"))
     assert not memory.on_disk(memory.array(100 * MiB, "uint8"))
@@ -109,7 +108,7 @@ def test_arrays_not_written_yet_still_count_against_free_memory(pressure_machine
     # The default budget counts our RAM arrays back into "free" (70 % of free + held), but pages nobody has
     # written yet are still free in the kernel's eyes: counting them twice let RAM arrays add up to more than
     # the container has, and filling them would have been an OOM kill.
-    pressure_machine.use(56 * MiB)  # 200 MiB free of 256
+    pressure_machine.set_usage(56 * MiB)  # 200 MiB free of 256
     in_ram = []
     for _ in range(8):
         x = memory.array(48 * MiB, "uint8")  # made, not written
@@ -120,10 +119,10 @@ def test_arrays_not_written_yet_still_count_against_free_memory(pressure_machine
 
 def test_written_arrays_are_counted_once(pressure_machine):
     memory.budget("1GB")  # only free memory limits here
-    pressure_machine.use(56 * MiB)
+    pressure_machine.set_usage(56 * MiB)
     written = memory.array(96 * MiB, "uint8")
     written[:] = 1
-    pressure_machine.use((56 + 96) * MiB)  # the kernel now counts its pages as used: 104 MiB free
+    pressure_machine.set_usage((56 + 96) * MiB)  # the kernel now counts its pages as used: 104 MiB free
     assert not memory.on_disk(written)
     assert not memory.on_disk(memory.array(48 * MiB, "uint8"))  # 104 free, nothing of ours unwritten
     assert memory.on_disk(memory.array(112 * MiB, "uint8"))
@@ -140,14 +139,14 @@ def test_big_arrays_go_to_the_ssd_from_high_pressure_on(pressure_machine, level,
 
 def test_the_level_is_measured_at_most_twice_a_second_on_the_allocation_path(pressure_machine):
     memory.array(2 * MiB, "uint8")
-    measured = pressure_machine.tracker.measurements
+    measured = pressure_machine.machine.tracker.measurements
     pressure_machine.at(Level.HIGH)
     pressure_machine.clock.advance(0.49)
     assert not memory.on_disk(memory.array(2 * MiB, "uint8"))  # the 0.49 s old "ok" still counts
-    assert pressure_machine.tracker.measurements == measured
+    assert pressure_machine.machine.tracker.measurements == measured
     pressure_machine.clock.advance(0.01)
     assert memory.on_disk(memory.array(2 * MiB, "uint8"))
-    assert pressure_machine.tracker.measurements == measured + 1
+    assert pressure_machine.machine.tracker.measurements == measured + 1
 
 
 # -- free ---------------------------------------------------------------------------------------------------------
@@ -178,11 +177,11 @@ def test_free_gives_ram_back_now_even_while_a_view_exists(pressure_machine):
     x = memory.array(64 * MiB, "uint8")
     x[:] = 1
     view = x[::4096]
-    held = ledger.held()
+    held = memory.machine().ledger.held()
     before = process.memory_info().rss
     memory.free(x)
     assert before - process.memory_info().rss > 60 * MiB
-    assert ledger.held() == held - 64 * MiB
+    assert memory.machine().ledger.held() == held - 64 * MiB
     assert int(view.sum()) == 0
 
 
@@ -209,7 +208,7 @@ def test_a_collected_array_deletes_its_file_and_leaves_the_report(pressure_machi
     x = memory.array((4, MiB), "uint8")
     y = memory.array(MiB, "uint8")
     assert memory.on_disk(x) and not memory.on_disk(y)
-    held = ledger.held()
+    held = memory.machine().ledger.held()
     view = x[1:]
     del x
     gc.collect()
@@ -217,7 +216,7 @@ def test_a_collected_array_deletes_its_file_and_leaves_the_report(pressure_machi
     del view, y
     gc.collect()
     assert spill_files(tmp_path) == [] and new_records(before) == []
-    assert ledger.held() == held - MiB
+    assert memory.machine().ledger.held() == held - MiB
 
 
 # -- on_disk, report ----------------------------------------------------------------------------------------------

@@ -69,8 +69,8 @@ def test_cores_root_must_be_a_folder_name(root):
         memory.cores(root)
 
 
-def test_cores_with_a_root_still_reads_it(machine):
-    tree = machine(machines.docker_v1)
+def test_cores_with_a_root_still_reads_it(sim_machine):
+    tree = sim_machine(machines.docker_v1)
     assert memory.cores(str(tree)) == 2
 
 

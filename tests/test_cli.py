@@ -6,8 +6,14 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
+
+import sim
+from apsi_memory.cli import main
 from sim import tree as machines
+from sim.clock import FakeClock
 from sim.tree import GiB, SimTree
 
 
@@ -16,30 +22,34 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def test_limits_text_and_json(machine: Callable[..., SimTree]) -> None:
-    machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
+def test_limits_text_and_json(sim_machine: Callable[..., SimTree]) -> None:
+    sim_machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
     assert run("limits").stdout == "4.0 GB usable (container (cgroup v1)), 3.0 GB free, budget 2.1 GB\n"
     data = json.loads(run("limits", "--json").stdout)
     assert data["usable_bytes"] == 4 * GiB and data["cgroup"] == "/docker/3f2a9c0e7b1d"
 
 
-def test_pressure_watch_prints_one_reading_per_interval(machine: Callable[..., SimTree]) -> None:
-    machine(machines.kubernetes_v2, pod_psi=(45.0, 0.0))
-    result = run("pressure", "--watch", "0.05", "--count", "3", "--json")
-    readings = [json.loads(line) for line in result.stdout.splitlines()]
+def test_pressure_watch_prints_one_reading_per_interval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In-process on the machine's clock: each wait moves the fake clock by the interval (no real sleep)."""
+    clock = FakeClock(autojump=True)
+    with sim.machine(machines.kubernetes_v2(tmp_path, pod_psi=(45.0, 0.0)), clock).use():
+        start = clock.now()
+        assert main(["pressure", "--watch", "30", "--count", "3", "--json"]) == 0
+    readings = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["level"] for r in readings] == ["critical"] * 3 and readings[0]["some"] == 45.0
+    assert clock.now() - start == 60  # two waits of 30 s between three readings
 
 
-def test_status_line_on_a_sim_machine(machine: Callable[..., SimTree]) -> None:
-    machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
+def test_status_line_on_a_sim_machine(sim_machine: Callable[..., SimTree]) -> None:
+    sim_machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
     line = run("status").stdout
     assert line.startswith("RAM 3.0/4.0 GB free (this program 0.04 GB, budget 2.1 GB) | swap 0.0 GB | SSD ")
     assert line.rstrip().endswith("| 2 cores, load 0.34 | no GPU")
     assert json.loads(run("status", "--json").stdout)["cores"] == 2
 
 
-def test_a_corrupt_file_is_one_clear_line_and_exit_1(machine: Callable[..., SimTree]) -> None:
-    tree = machine(machines.docker_v1)
+def test_a_corrupt_file_is_one_clear_line_and_exit_1(sim_machine: Callable[..., SimTree]) -> None:
+    tree = sim_machine(machines.docker_v1)
     tree.write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "garbage\n")
     result = run("limits")
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -52,8 +62,8 @@ def test_bad_arguments_are_rejected() -> None:
     assert run("nonsense").returncode == 2
 
 
-def test_a_reader_that_leaves_early_is_no_traceback(machine: Callable[..., SimTree]) -> None:
-    machine(machines.host)
+def test_a_reader_that_leaves_early_is_no_traceback(sim_machine: Callable[..., SimTree]) -> None:
+    sim_machine(machines.host)
     watch = subprocess.Popen([sys.executable, "-m", "apsi_memory", "pressure", "--watch", "0.05", "--count", "100"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert watch.stdout is not None and watch.stderr is not None

@@ -56,8 +56,8 @@ def test_without_gpu_libraries_there_is_no_gpu_and_nothing_fails() -> None:
         assert "no GPU" in str(memory.status())
 
 
-def test_the_cpu_entry_sees_the_container_not_the_host(machine: Callable[..., SimTree]) -> None:
-    machine(sim.tree.docker_v1, limit=4 * GiB, usage=1 * GiB)
+def test_the_cpu_entry_sees_the_container_not_the_host(sim_machine: Callable[..., SimTree]) -> None:
+    sim_machine(sim.tree.docker_v1, limit=4 * GiB, usage=1 * GiB)
     with FakeGpuMachine.of(16).installed():
         cpu = memory.devices().cpu
     limits = api.limits()
@@ -118,10 +118,10 @@ def test_nvml_is_asked_before_importing_a_framework(three: FakeGpuMachine) -> No
 
 
 def test_an_installed_framework_is_imported_when_nothing_else_answers(three: FakeGpuMachine,
-                                                                      machine: Callable[..., SimTree]) -> None:
+                                                                      sim_machine: Callable[..., SimTree]) -> None:
     import sys
 
-    three.write_driver_files(machine(sim.tree.host).root)
+    three.write_driver_files(sim_machine(sim.tree.host).root)
     with three.installed("torch", imported=False):
         assert gpus(import_frameworks=False) == [] and "torch" not in sys.modules
         found = gpus()
@@ -130,10 +130,10 @@ def test_an_installed_framework_is_imported_when_nothing_else_answers(three: Fak
 
 
 def test_no_framework_is_imported_where_the_kernel_shows_no_gpu_driver(three: FakeGpuMachine,
-                                                                        machine: Callable[..., SimTree]) -> None:
+                                                                        sim_machine: Callable[..., SimTree]) -> None:
     import sys
 
-    machine(sim.tree.host)  # a machine without /dev/nvidiactl: importing torch could only find the CPU
+    sim_machine(sim.tree.host)  # a machine without /dev/nvidiactl: importing torch could only find the CPU
     with three.installed("torch", "cupy", imported=False):
         assert gpus() == [] and memory.best_device(0) == "cpu"
         assert "torch" not in sys.modules and "cupy" not in sys.modules

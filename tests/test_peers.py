@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import apsi_memory as memory
-import apsi_memory.adapters.root as fs_root
+import sim
 from apsi_memory.measure import read_memory
 
 PEERS = Path(__file__).parent.parent / "fixtures" / "peers"
@@ -48,9 +48,9 @@ def _observed(root: Path, expected: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("root", "case"), list(_params()))
-def test_peer_tree_reads_as_expected(root: Path, case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fs_root, "ROOT", str(root))
-    assert _observed(root, case["expected"]) == case["expected"], case["agreement"]
+def test_peer_tree_reads_as_expected(root: Path, case: dict[str, Any]) -> None:
+    with sim.machine(root).use():
+        assert _observed(root, case["expected"]) == case["expected"], case["agreement"]
 
 
 def test_every_case_says_where_it_came_from() -> None:

@@ -16,7 +16,7 @@ from apsi_memory.adapters import psi
 from sim import tree as machines
 from sim.tree import GiB, SimTree
 
-Machine = Callable[..., SimTree]
+BuildMachine = Callable[..., SimTree]
 
 LIMITS_KEYS = {"usable_bytes", "free_bytes", "budget_bytes", "source", "cgroup", "cgroup_version", "limit_bytes",
                "limit_file", "working_set_bytes", "host_total_bytes", "host_available_bytes",
@@ -32,8 +32,8 @@ def _json(command: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]
 
 @pytest.mark.parametrize("scenario", [machines.host, machines.docker_v1, machines.kubernetes_v2,
                                       machines.outside_namespace, machines.group_not_under_mount_root])
-def test_json_keys_are_pinned(machine: Machine, scenario: Machine, capsys: pytest.CaptureFixture[str]) -> None:
-    machine(scenario)
+def test_json_keys_are_pinned(sim_machine: BuildMachine, scenario: BuildMachine, capsys: pytest.CaptureFixture[str]) -> None:
+    sim_machine(scenario)
     assert set(_json("limits", capsys)) == LIMITS_KEYS
     assert set(_json("pressure", capsys)) == PRESSURE_KEYS
 
@@ -46,8 +46,8 @@ def test_psi_lines_other_than_some_and_full_are_skipped() -> None:
     assert (reading.some, reading.full) == (1.5, 0.25)
 
 
-def test_unparsable_psi_never_hides_the_memory_limit(machine: Machine, capsys: pytest.CaptureFixture[str]) -> None:
-    tree = machine(machines.cgroup_namespace, limit=3 * GiB, current=1 * GiB)
+def test_unparsable_psi_never_hides_the_memory_limit(sim_machine: BuildMachine, capsys: pytest.CaptureFixture[str]) -> None:
+    tree = sim_machine(machines.cgroup_namespace, limit=3 * GiB, current=1 * GiB)
     tree.write("/sys/fs/cgroup/memory.pressure", "some avg10=lots avg60=0 avg300=0 total=0\n")
     assert memory.limits().usable_bytes == 3 * GiB
     assert cli.main(["limits"]) == 0 and capsys.readouterr().out.startswith("3.0 GB usable (container (cgroup v2))")
@@ -58,8 +58,8 @@ def test_unparsable_psi_never_hides_the_memory_limit(machine: Machine, capsys: p
     assert str(reading) == f"ok: 2.0 GB free (67 %), stalls not available ({problem})"
 
 
-def test_a_malformed_memory_file_is_still_an_error(machine: Machine) -> None:
-    tree = machine(machines.cgroup_namespace)
+def test_a_malformed_memory_file_is_still_an_error(sim_machine: BuildMachine) -> None:
+    tree = sim_machine(machines.cgroup_namespace)
     tree.write("/sys/fs/cgroup/memory.max", "lots\n")
     with pytest.raises(memory.CorruptFileError, match="/sys/fs/cgroup/memory.max: expected a byte count"):
         memory.limits()
@@ -67,8 +67,8 @@ def test_a_malformed_memory_file_is_still_an_error(machine: Machine) -> None:
 
 # -- item 6: readings say why ---------------------------------------------------------------------------------------
 
-def test_pressure_names_the_signal_that_set_the_level(machine: Machine) -> None:
-    tree = machine(machines.cgroup_namespace, limit=3 * GiB, current=1 * GiB)
+def test_pressure_names_the_signal_that_set_the_level(sim_machine: BuildMachine) -> None:
+    tree = sim_machine(machines.cgroup_namespace, limit=3 * GiB, current=1 * GiB)
     tree.psi(6.3, 0.0, path="/sys/fs/cgroup/memory.pressure")
     reading = memory.pressure()
     assert reading.level == "moderate" and reading.cause == "some ≥ 5 %"
@@ -76,8 +76,8 @@ def test_pressure_names_the_signal_that_set_the_level(machine: Machine) -> None:
     assert reading.to_dict()["cause"] == "some ≥ 5 %"
 
 
-def test_a_calm_reading_has_no_cause(machine: Machine) -> None:
-    machine(machines.host)
+def test_a_calm_reading_has_no_cause(sim_machine: BuildMachine) -> None:
+    sim_machine(machines.host)
     assert memory.pressure().cause is None and "—" not in str(memory.pressure())
 
 
@@ -87,8 +87,8 @@ def test_limits_fields_are_documented_on_the_typed_object() -> None:
     assert undocumented == []
 
 
-def test_a_budget_above_usable_warns_once_when_set(machine: Machine) -> None:
-    machine(machines.docker_v1, limit=1 * GiB, usage=0)
+def test_a_budget_above_usable_warns_once_when_set(sim_machine: BuildMachine) -> None:
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=0)
     with pytest.warns(memory.BudgetWarning) as caught:
         assert memory.budget(16).bytes == 16 * GiB
     assert [str(w.message) for w in caught] == [

@@ -1,10 +1,9 @@
-"""on_pressure and relieve, on the simulated container with a fake clock."""
+"""on_pressure and relieve, on the simulated container with a fake clock: the watcher thread waits on the
+machine's clock, and ``clock.wait_idle()`` returns once it has done what was due and waits again (no real sleeps)."""
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -14,15 +13,6 @@ from apsi_memory.decide import Level
 from apsi_memory.pool import Pool
 from apsi_memory.watch import Watcher, next_call
 from sim.tree import MiB
-
-
-def eventually(condition: Callable[[], bool]) -> None:
-    """Wait (real time) for the watcher thread to catch up with the fake clock."""
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, "the watcher thread did not get there"
-        time.sleep(0.005)
-
 
 # -- the timing rule ------------------------------------------------------------------------------------------------
 
@@ -40,7 +30,7 @@ def test_next_call_calls_once_per_repeat_while_the_level_lasts_and_afresh_after_
 
 def test_fn_gets_the_reading_when_the_level_is_reached_then_every_repeat_seconds(pressure_machine):
     seen = []
-    w = Watcher(seen.append, level="high", every=1, repeat=10, clock=pressure_machine.clock)
+    w = Watcher(seen.append, level="high", every=1, repeat=10)
     w.check()
     assert seen == []
     pressure_machine.at(Level.CRITICAL)  # "high" means high or worse
@@ -61,39 +51,62 @@ def test_fn_gets_the_reading_when_the_level_is_reached_then_every_repeat_seconds
 
 def test_the_thread_reads_every_seconds_of_its_clock_and_stops_promptly(pressure_machine):
     calls = []
+    clock = pressure_machine.clock
     pressure_machine.at(Level.HIGH)
-    w = Watcher(calls.append, every=1, repeat=2, clock=pressure_machine.clock).start()
-    eventually(lambda: w.checks == 1)
-    assert len(calls) == 1
-    pressure_machine.clock.advance(0.5)
-    time.sleep(0.3)  # several polls: none is due yet
-    assert w.checks == 1
-    pressure_machine.clock.advance(0.5)
-    eventually(lambda: w.checks == 2)
-    assert len(calls) == 1  # read, but the repeat (2 s) is not over
-    pressure_machine.clock.advance(1)
-    eventually(lambda: w.checks == 3)
-    assert len(calls) == 2
+    w = Watcher(calls.append, every=1, repeat=2).start()  # the installed machine's clock
+    clock.wait_idle()
+    assert (w.checks, len(calls)) == (1, 1)
+    clock.advance(0.5)
+    clock.wait_idle()
+    assert w.checks == 1  # not due yet
+    clock.advance(0.5)
+    clock.wait_idle()
+    assert (w.checks, len(calls)) == (2, 1)  # read, but the repeat (2 s) is not over
+    clock.advance(1)
+    clock.wait_idle()
+    assert (w.checks, len(calls)) == (3, 2)
     w.stop()
     assert not w.running
 
 
 def test_on_pressure_watches_the_real_readings_in_the_background(pressure_machine):
-    called = threading.Event()
-    pressure_machine.at(Level.HIGH)
-    w = memory.on_pressure(lambda p: called.set(), level="high", every=0.05)
+    seen = []
+    w = memory.on_pressure(seen.append, level="high", every=5)
     try:
-        assert called.wait(10)
+        pressure_machine.clock.wait_idle()
+        assert seen == []
+        pressure_machine.at(Level.HIGH)
+        pressure_machine.clock.advance(5)
+        pressure_machine.clock.wait_idle()
     finally:
         w.stop()
+    assert [str(p.level) for p in seen] == ["high"]
     assert not w.running and "stopped" in repr(w)
+
+
+def test_the_watcher_hears_stalls_end_to_end(pressure_machine):
+    """PSI alone (memory use unchanged): ``some`` 45 % is critical, and back at 0 % the stretch ends."""
+    seen = []
+    w = memory.on_pressure(seen.append, level="critical", every=1, repeat=60)
+    try:
+        pressure_machine.clock.wait_idle()
+        pressure_machine.stalls(some=45.0, full=2.0)
+        pressure_machine.clock.advance(1)
+        pressure_machine.clock.wait_idle()
+        pressure_machine.stalls(some=0.0, full=0.0)
+        pressure_machine.clock.advance(1)
+        pressure_machine.clock.wait_idle()
+    finally:
+        w.stop()
+    assert [(str(p.level), p.some, p.full, p.free_fraction) for p in seen] == [("critical", 45.0, 2.0, 1.0)]
+    assert w.checks == 3 and memory.current_level() is Level.OK
 
 
 def test_the_watcher_tells_the_components_without_any_allocation(pressure_machine):
     p = Pool(64 * MiB)
     p.give(p.take(MiB // 8, zero=False))
     pressure_machine.at(Level.HIGH)
-    Watcher(lambda _: None, level="critical", clock=pressure_machine.clock).check()  # fn not due; the level still counts
+    Watcher(lambda _: None, level="critical").check()  # fn not due; the level still counts
     assert p.spares == 0
 
 
@@ -107,10 +120,12 @@ def test_a_failing_fn_is_reported_and_the_watcher_keeps_watching(pressure_machin
         raise RuntimeError("shrinking the batch failed")
 
     pressure_machine.at(Level.HIGH)
-    w = Watcher(fails, every=1, repeat=1, clock=pressure_machine.clock).start()
-    eventually(lambda: len(attempts) == 1)
+    w = Watcher(fails, every=1, repeat=1).start()
+    pressure_machine.clock.wait_idle()
+    assert len(attempts) == 1
     pressure_machine.clock.advance(1)
-    eventually(lambda: len(attempts) == 2)
+    pressure_machine.clock.wait_idle()
+    assert len(attempts) == 2
     w.stop()
     assert [str(r.exc_value) for r in reported] == ["shrinking the batch failed"] * 2
 

@@ -6,13 +6,15 @@ import os
 
 from ..errors import ArgumentTypeError
 
-ROOT = os.environ.get("APSI_FS_ROOT", "/")
+ROOT_ENV = "APSI_FS_ROOT"
 
 
 def resolve(root: str | None) -> str:
+    """``root``, or where none is given ``APSI_FS_ROOT`` (read now, not at import), else ``/``. The library itself
+    always passes its machine's root (``apsi_memory.machine().root``); ``None`` is for direct calls."""
     if root is not None and not isinstance(root, str):  # a number would fail deep inside os.path, unnamed
         raise ArgumentTypeError(f"root must be a folder (str) or None, not {type(root).__name__} ({root!r})")
-    return ROOT if root is None else root
+    return os.environ.get(ROOT_ENV, "/") if root is None else root
 
 
 def under(root: str, path: str) -> str:

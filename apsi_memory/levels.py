@@ -1,0 +1,123 @@
+"""The pressure level over time: who hears of a change (``Components``) and when it is re-measured
+(``LevelTracker``). Each ``Machine`` owns one of each; ``reactions`` reaches the default machine's.
+
+A component implements ``on_level(level)`` (called when the level changes: shrink at ``high``, empty at
+``critical``, grow back at ``ok``) and ``relieve()`` (give cached RAM back now). It registers once; the registry
+holds it weakly, so registering never keeps a pool or store alive.
+
+The level itself is re-measured lazily, at most twice a second, on allocation paths (``current_level()``), and by
+the ``on_pressure`` watcher thread; both publish here, and a change is told to each component once.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Protocol
+
+from .adapters.clock import Clock
+from .decide import Level
+
+
+class Component(Protocol):
+    def on_level(self, level: Level) -> None: ...
+
+    def relieve(self) -> None: ...
+
+
+class Components:
+    """The components of one machine, held weakly."""
+
+    def __init__(self) -> None:
+        self._members: weakref.WeakSet[Component] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def register(self, component: Component) -> None:
+        with self._lock:
+            self._members.add(component)
+
+    def unregister(self, component: Component) -> None:
+        with self._lock:
+            self._members.discard(component)
+
+    def all(self) -> list[Component]:
+        with self._lock:
+            return list(self._members)
+
+    def notify(self, level: Level) -> None:
+        """Tell every component the new level; at ``critical`` also collect garbage (the SPEC's last resort)."""
+        for component in self.all():
+            component.on_level(level)
+        if level >= Level.CRITICAL:
+            gc.collect()
+
+    def relieve(self) -> None:
+        for component in self.all():
+            component.relieve()
+
+
+RECHECK_SECONDS = 0.5  # "at most twice a second"
+
+
+class LevelTracker:
+    """The last measured level, re-measured at most every ``RECHECK_SECONDS`` of the injected clock.
+
+    ``measure(previous)`` returns the level for a fresh reading (the previous level is passed in for the table's
+    hysteresis). Readings are taken outside the lock (they read files), so two may overlap: each takes a ticket
+    when it starts and only a reading newer than the last published one is published, so a slow older reading
+    never overwrites a newer one. A change is told to ``announce`` (a machine's ``Components.notify``).
+    """
+
+    def __init__(self, measure: Callable[[Level], Level], clock: Clock,
+                 announce: Callable[[Level], None]) -> None:
+        self.measure = measure
+        self.clock = clock
+        self.announce = announce
+        self.level = Level.OK
+        self.measured_at: float | None = None
+        self.measurements = 0
+        self._issued = 0  # tickets handed to readings, in the order they started
+        self._published = 0  # the ticket of the reading ``level`` comes from
+        self._lock = threading.Lock()
+
+    def current(self) -> Level:
+        now = self.clock.now()
+        with self._lock:
+            fresh = self.measured_at is not None and now - self.measured_at < RECHECK_SECONDS
+            if fresh:
+                return self.level
+            self.measured_at = now
+            ticket, previous = self._start()
+        return self.publish(ticket, self.measure(previous))
+
+    def begin(self) -> tuple[int, Level]:
+        """Start a reading taken elsewhere: its ticket for ``publish``, and the level to use as the previous one."""
+        with self._lock:
+            return self._start()
+
+    def _start(self) -> tuple[int, Level]:
+        self._issued += 1
+        return self._issued, self.level
+
+    def publish(self, ticket: int, level: Level) -> Level:
+        """Record the level read under ``ticket`` unless a newer reading was published; returns the level now."""
+        with self._lock:
+            self.measurements += 1
+            changed = ticket > self._published and level != self.level
+            if ticket > self._published:
+                self._published, self.level = ticket, level
+        if changed:
+            self._announce(level)
+        return self.level
+
+    def _announce(self, level: Level) -> None:
+        # Announcements run outside the lock (components take their own locks), so two may cross: whoever
+        # announced last checks that what it said is still the newest level and says the newest one otherwise.
+        while True:
+            self.announce(level)
+            with self._lock:
+                if self.level == level:
+                    return
+                level = self.level

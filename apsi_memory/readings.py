@@ -1,0 +1,132 @@
+"""The readings a ``Machine`` gives: ``Budget``, ``Limits`` and ``Pressure`` (``status.Status`` adds the GPUs).
+
+Each is a frozen dataclass of plain numbers (bytes, fractions, percent) whose ``str()`` is the SPEC's one-line
+text and whose ``to_dict()`` is the JSON form the command line prints. The ``*_from`` functions build them from
+one ``MemoryReading`` and do no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .adapters.cgroup import CgroupMemory
+from .decide import Level, pressure_cause, pressure_level
+from .measure import MemoryReading
+from .units import GiB, fmt_gb
+
+
+class Reading:
+    def to_dict(self) -> dict[str, Any]:
+        return {key: _plain(value) for key, value in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Level):
+        return value.value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Budget(Reading):
+    bytes: int
+    source: str  # "70 % of free", "set by budget()", or "APSI_RAM_BUDGET"
+
+    @property
+    def gb(self) -> float:
+        return self.bytes / GiB
+
+    def __float__(self) -> float:
+        return self.gb
+
+    def __str__(self) -> str:
+        return f"{fmt_gb(self.bytes)} ({self.source})"
+
+
+@dataclass(frozen=True)
+class Limits(Reading):
+    """Usable memory and where it comes from; ``to_dict()`` gives the same fields as ``limits --json``.
+
+    ``usable_bytes``: the smaller of the host's RAM and the smallest cgroup limit up the hierarchy.
+    ``free_bytes``: the smaller of the host's available memory and the cgroup's least headroom.
+    ``budget_bytes``: the RAM budget for big arrays (``budget()``).
+    ``source``: ``host`` or ``container (cgroup v1|v2)``.
+    ``cgroup``: the group as ``/proc/self/cgroup`` names it; ``cgroup_version``: 1 or 2 (both None without one).
+    ``limit_bytes``, ``limit_file``: the limit and the file (in the machine's view, so it names the group's folder
+    too) that set it: ``memory.max``, ``memory.high``, ``memory.limit_in_bytes``, or ``memory.stat`` for v1's
+    ``hierarchical_memory_limit``.
+    ``working_set_bytes``: the group's usage less inactive page cache.
+    ``host_total_bytes``, ``host_available_bytes``: ``/proc/meminfo``'s MemTotal and MemAvailable.
+    ``group_guessed``: the group is not below any cgroup mount's root, so the mount point was read in its stead.
+    ``cgroup_problem``: why a group that exists was not read (the reading is then the host's).
+    """
+
+    usable_bytes: int
+    free_bytes: int
+    budget_bytes: int
+    source: str  # "host", "container (cgroup v1)", "container (cgroup v2)"
+    cgroup: str | None  # the group as /proc/self/cgroup names it
+    cgroup_version: int | None
+    limit_bytes: int | None  # the smallest cgroup limit up the hierarchy, None when unlimited
+    limit_file: str | None  # the file that set it
+    working_set_bytes: int | None
+    host_total_bytes: int
+    host_available_bytes: int
+    group_guessed: bool = False
+    cgroup_problem: str | None = None
+
+    def __str__(self) -> str:
+        note = ", group not visible: read at the mount point" if self.group_guessed else ""
+        if self.cgroup_problem:
+            note = f"; {self.cgroup_problem}"
+        return (f"{fmt_gb(self.usable_bytes)} usable ({self.source}{note}), {fmt_gb(self.free_bytes)} free, "
+                f"budget {fmt_gb(self.budget_bytes)}")
+
+
+def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
+    if cg is None:
+        return dict.fromkeys(("cgroup", "cgroup_version", "limit_bytes", "limit_file", "working_set_bytes"))
+    return {"cgroup": cg.path, "cgroup_version": cg.version, "limit_bytes": cg.limit, "limit_file": cg.limit_file,
+            "working_set_bytes": cg.working_set, "group_guessed": cg.guessed}
+
+
+def limits_from(reading: MemoryReading, budget: Budget) -> Limits:
+    return Limits(
+        usable_bytes=reading.usable, free_bytes=reading.free, budget_bytes=budget.bytes,
+        source=reading.source, host_total_bytes=reading.host.total, host_available_bytes=reading.host.available,
+        cgroup_problem=reading.cgroup_problem, **_cgroup_fields(reading.cgroup),
+    )
+
+
+@dataclass(frozen=True)
+class Pressure(Reading):
+    level: Level
+    free_bytes: int
+    usable_bytes: int
+    free_fraction: float
+    some: float | None  # PSI avg10 percent; None = not available (never reported as 0)
+    full: float | None
+    psi_source: str | None
+    cause: str | None = None  # the signal(s) that set the level, e.g. "some ≥ 5 %"; None at ok
+    psi_problem: str | None = None  # why stalls are not available although a PSI file is there
+
+    def __str__(self) -> str:
+        if self.some is None:
+            stalls = "stalls not available" + (f" ({self.psi_problem})" if self.psi_problem else "")
+        else:
+            full = "n/a" if self.full is None else f"{self.full:.1f} %"
+            stalls = f"stalls {self.some:.1f} % (some) / {full} (full)"
+        cause = f" — {self.cause}" if self.cause else ""
+        return f"{self.level}: {fmt_gb(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}{cause}"
+
+
+def pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
+    fraction = reading.free / reading.usable if reading.usable else 0.0
+    psi = reading.psi
+    some, full, source = (None, None, None) if psi is None else (psi.some, psi.full, psi.source)
+    level = pressure_level(fraction, some, full, previous)
+    return Pressure(level, reading.free, reading.usable, fraction, some, full, source,
+                    pressure_cause(level, fraction, some, full), reading.psi_problem)

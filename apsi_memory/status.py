@@ -1,0 +1,63 @@
+"""``status()``: RAM, swap, SSD, cores and GPUs in one reading. Above both the machine's readings and ``devices``
+(which builds on them), so the import graph stays one-way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+from . import paths
+from .adapters.disk import disk_free
+from .adapters.procfs import ProcStatus, read_loadavg, read_proc_status
+from .devices import Gpu, gpus
+from .machinery import cores_from, machine
+from .readings import Reading
+from .units import GiB, fmt_gb
+
+
+@dataclass(frozen=True)
+class Status(Reading):
+    ram_free_bytes: int
+    ram_usable_bytes: int
+    source: str
+    process_rss_bytes: int
+    budget_bytes: int
+    swap_free_bytes: int
+    spill_dir: str
+    spill_free_bytes: int
+    cores: int
+    load: float
+    gpus: list[Gpu]
+
+    def __str__(self) -> str:
+        gpus = ", ".join(str(gpu) for gpu in self.gpus) or "no GPU"
+        return (f"RAM {self.ram_free_bytes / GiB:.1f}/{fmt_gb(self.ram_usable_bytes)} free "
+                f"(this program {self.process_rss_bytes / GiB:.2f} GB, budget {fmt_gb(self.budget_bytes)}) | "
+                f"swap {fmt_gb(self.swap_free_bytes)} | "
+                f"SSD {self.spill_free_bytes / GiB:.0f} GB free at {paths.display(self.spill_dir)} | "
+                f"{self.cores} cores, load {self.load:.2f} | {gpus}")
+
+
+def _rss_from(status: ProcStatus | None) -> int:
+    if status is not None and status.rss is not None:
+        return status.rss
+    return int(psutil.Process().memory_info().rss)
+
+
+def _load(root: str) -> float:
+    load = read_loadavg(root)
+    return load if load is not None else psutil.getloadavg()[0]
+
+
+def status() -> Status:
+    m = machine()
+    reading, process = m.memory(), read_proc_status(m.root)
+    spill = paths.spill_dir()
+    return Status(
+        ram_free_bytes=reading.free, ram_usable_bytes=reading.usable, source=reading.source,
+        process_rss_bytes=_rss_from(process), budget_bytes=m.budget_from(reading).bytes,
+        swap_free_bytes=reading.host.swap_free, spill_dir=spill, spill_free_bytes=disk_free(spill),
+        cores=cores_from(process), load=_load(m.root),
+        gpus=gpus(),
+    )
