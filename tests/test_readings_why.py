@@ -32,7 +32,8 @@ def _json(command: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]
 
 @pytest.mark.parametrize("scenario", [machines.host, machines.docker_v1, machines.kubernetes_v2,
                                       machines.outside_namespace, machines.group_not_under_mount_root])
-def test_json_keys_are_pinned(sim_machine: BuildMachine, scenario: BuildMachine, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_keys_are_pinned(sim_machine: BuildMachine, scenario: BuildMachine,
+                              capsys: pytest.CaptureFixture[str]) -> None:
     sim_machine(scenario)
     assert set(_json("limits", capsys)) == LIMITS_KEYS
     assert set(_json("pressure", capsys)) == PRESSURE_KEYS
@@ -46,7 +47,8 @@ def test_psi_lines_other_than_some_and_full_are_skipped() -> None:
     assert (reading.some, reading.full) == (1.5, 0.25)
 
 
-def test_unparsable_psi_never_hides_the_memory_limit(sim_machine: BuildMachine, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unparsable_psi_never_hides_the_memory_limit(sim_machine: BuildMachine,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     tree = sim_machine(machines.cgroup_namespace, limit=3 * GiB, current=1 * GiB)
     tree.write("/sys/fs/cgroup/memory.pressure", "some avg10=lots avg60=0 avg300=0 total=0\n")
     assert memory.limits().usable_bytes == 3 * GiB

@@ -26,7 +26,7 @@ def test_next_call_calls_once_per_repeat_while_the_level_lasts_and_afresh_after_
     assert next_call(high, threshold, None, 12.0, repeat) == (True, 12.0)  # a new one calls at once
 
 
-# -- the watcher on the simulated pressure_machine ---------------------------------------------------------------------------
+# -- the watcher on the simulated container ------------------------------------------------------------------------
 
 def test_fn_gets_the_reading_when_the_level_is_reached_then_every_repeat_seconds(pressure_machine):
     seen = []
