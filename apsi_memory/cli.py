@@ -1,4 +1,4 @@
-"""``apsi-memory status | limits | pressure [--watch SECONDS]``, each with ``--json``."""
+"""``apsi-memory status | limits | pressure [--watch SECONDS] | dask-limit [--workers N]``, each with ``--json``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .api import limits, pressure, status
+from .api import cores, limits, pressure, status
+from .decide import chunk_bytes, worker_memory_limit
 from .errors import ApsiMemoryError
 
 COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
@@ -26,7 +27,28 @@ def _parser() -> argparse.ArgumentParser:
     watch = sub.choices["pressure"]
     watch.add_argument("--watch", type=float, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
     watch.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N readings")
+    dask = sub.add_parser("dask-limit", help="memory limit and chunk size per dask worker, for a deployment script")
+    dask.add_argument("--workers", type=int, metavar="N", help="workers sharing this machine (default: its cores)")
+    dask.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+class DaskLimit:
+    """What ``dask-limit`` prints: ``--memory-limit`` for each ``dask worker``, and the chunk size to use."""
+
+    def __init__(self, workers: int | None) -> None:
+        self.workers = cores() if workers is None else workers
+        self.usable_bytes = limits().usable_bytes
+        self.memory_limit_bytes = worker_memory_limit(self.usable_bytes, self.workers)
+        self.chunk_bytes = chunk_bytes(self.memory_limit_bytes)
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+    def __str__(self) -> str:
+        return (f"--memory-limit {self.memory_limit_bytes} per worker ({self.memory_limit_bytes / 2**30:.2f} GiB, "
+                f"{self.workers} workers sharing {self.usable_bytes / 2**30:.1f} GiB), chunks of "
+                f"{self.chunk_bytes >> 20} MiB")
 
 
 def _show(reading: object, as_json: bool) -> None:
@@ -35,6 +57,8 @@ def _show(reading: object, as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "dask-limit":
+        return _dask_limit(args.workers, args.json)
     read = COMMANDS[args.command]
     watch = getattr(args, "watch", None)
     if watch is not None and watch <= 0:
@@ -55,6 +79,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `apsi-memory pressure --watch 1 | head -1`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail again
         return 141
+    return 0
+
+
+def _dask_limit(workers: int | None, as_json: bool) -> int:
+    try:
+        _show(DaskLimit(workers), as_json)
+    except ValueError as exc:  # too many workers for this memory, or --workers 0
+        print(f"apsi-memory: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -192,14 +192,14 @@ def _wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]
 
 
 def run_in_order(count: int, in_flight: int, submit: Callable[[int], F], wait_for: WaitFor[F],
-                 done: Callable[[int], None], stop: _Stop, on_stop: Callable[[], None]) -> None:
-    """Blocks ``0..count-1`` submitted in row order, at most ``in_flight`` at once, ``done(index)`` called as
+                 done: Callable[[int], None], stop: _Stop, on_stop: Callable[[], None], start: int = 0) -> None:
+    """Blocks ``start..count-1`` submitted in row order, at most ``in_flight`` at once, ``done(index)`` called as
     each finishes (in row order among those finishing together). When blocks fail, no block is submitted any
     more, those running finish (an earlier one may fail too), and the error of the first failing block in row
     order is raised. ``on_stop`` is called once the run stops early (a failure, or an interrupt)."""
     running: set[F] = set()
     index_of: dict[F, int] = {}
-    upcoming = iter(range(count))
+    upcoming = iter(range(start, count))
     try:
         while True:
             for index in upcoming:
@@ -280,3 +280,11 @@ def _rows(spans: Spans, index: int) -> str:
     """``1000:2000 (block 2 of 10)``."""
     start, stop = spans[index]
     return f"{start}:{stop} (block {index + 1} of {len(spans)})"
+
+
+def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, client: Any = None) -> Any:
+    """``x`` as a ``dask.array`` with one chunk per block of ``rows`` rows, for clusters that do not share this
+    machine's files (``apsi-memory[dask]``; see ``apsi_memory.dask.blocks.to_dask``)."""
+    from .dask import to_dask as on_dask  # the dask extra, imported only when asked for
+
+    return on_dask(x, rows, client=client)
