@@ -32,6 +32,7 @@ import os
 from typing import Any
 
 try:
+    import dask
     from distributed import LocalCluster, Nanny
     from distributed.core import Status
     from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
@@ -62,9 +63,9 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     if n_workers is None:
         n_workers = _workers_that_fit(max(1, api.cores() // threads_per_worker), threads_per_worker)
     kw.setdefault("memory_limit", worker_memory_limit(n_workers, threads_per_worker))
-    kw.setdefault("memory_pause_fraction", False)  # PressurePlugin pauses; dask's own rule would undo it
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())
-    return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
+    with dask.config.set({"distributed.worker.memory.pause": False}):  # PressurePlugin pauses: dask would undo it
+        return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
 
 
 def _workers_that_fit(wanted: int, nthreads: int) -> int:
@@ -111,7 +112,6 @@ def dask_setup(nanny: Any) -> None:
     from_env = os.environ.get(WORKERS_ENV)
     count = int(from_env) if from_env else max(1, len(Nanny._instances))
     set_limit(nanny, count)
-    nanny.worker_kwargs["memory_pause_fraction"] = False
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
 
 
