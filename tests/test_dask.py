@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,15 +19,15 @@ import pytest
 pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
 pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
 
-import apsi_memory as memory  # noqa: E402
-import apsi_memory.adapters.root as fs_root  # noqa: E402
-from apsi_memory import BlockError, ChunkError, cli  # noqa: E402
-from apsi_memory import dask as amd  # noqa: E402
-from apsi_memory.dask.blocks import FileRows, rows_in_file  # noqa: E402
-from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level  # noqa: E402
-from sim import tree as machines  # noqa: E402
-from sim.pressure import PressureMachine  # noqa: E402
-from sim.tree import GiB, MiB  # noqa: E402
+import apsi_memory as memory
+import apsi_memory.adapters.root as fs_root
+from apsi_memory import BlockError, ChunkError, cli
+from apsi_memory import dask as amd
+from apsi_memory.dask.blocks import FileRows, rows_in_file
+from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
+from sim import tree as machines
+from sim.pressure import PressureMachine
+from sim.tree import GiB, MiB
 
 pytestmark = pytest.mark.dask
 
