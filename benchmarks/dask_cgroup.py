@@ -34,10 +34,11 @@ def run_variant(variant: str, limit_s: float) -> dict[str, Any]:
     from apsi_memory.dask import cluster
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 3}):
-        made = (LocalCluster(n_workers=WORKERS, threads_per_worker=1, dashboard_address=None)
-                if variant == "stock" else cluster(n_workers=WORKERS, dashboard_address=None))
+        made = (LocalCluster(n_workers=WORKERS, threads_per_worker=1, dashboard_address=":0")
+                if variant == "stock" else cluster(n_workers=WORKERS, dashboard_address=":0"))
     with made, made.get_client() as client:
         limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+        print(json.dumps({"variant": variant, "worker_limit_bytes": limit}), flush=True)  # in case we are killed
         seen = set(client.scheduler_info()["workers"])
         x = da.ones(TOTAL_BYTES // 8, chunks=CHUNK_BYTES // 8)
         start = time.monotonic()
@@ -78,7 +79,11 @@ def in_group(variant: str, limit_s: float) -> dict[str, Any]:
         wrapper = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', group, *argv]
         done = subprocess.run(wrapper, capture_output=True, text=True, timeout=limit_s + 120, check=False)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        result = json.loads(lines[-1]) if lines else {"variant": variant, "finished": False, "died": done.returncode}
+        result: dict[str, Any] = {"variant": variant, "finished": False}
+        for line in lines:
+            result.update(json.loads(line))
+        if len(lines) < 2:  # the client itself was killed, or failed: say how
+            print(f"{variant}: exit {done.returncode}\n{done.stderr[-3000:]}", file=sys.stderr)
         result["oom_kills"] = oom_kills(group)
         return result
     finally:
@@ -114,11 +119,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=("stock", "apsi"))
     parser.add_argument("--limit", type=float, default=120.0, help="seconds each run may take")
+    parser.add_argument("--variants", nargs="+", default=["stock", "apsi"], choices=("stock", "apsi"))
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args.variant, args.limit)), flush=True)
         return
-    print(table([in_group(variant, args.limit) for variant in ("stock", "apsi")]))
+    print(table([in_group(variant, args.limit) for variant in args.variants]))
 
 
 if __name__ == "__main__":

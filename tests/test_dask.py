@@ -34,7 +34,7 @@ pytestmark = pytest.mark.dask
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
-    with amd.cluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with amd.cluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             cluster.get_client() as c:
         yield c
 
@@ -143,6 +143,16 @@ def test_memory_limit_plugin_restarts_running_workers_with_the_new_limit(client:
     assert registered_limits(client) == [amd.worker_memory_limit(2)] * 2
 
 
+def test_preload_nanny_sets_the_limit_before_the_workers_register() -> None:
+    """``dask worker --preload-nanny apsi_memory.dask``, here through LocalCluster's own preload_nanny option."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      preload_nanny=["apsi_memory.dask"]) as stock, stock.get_client() as c:
+        assert registered_limits(c) == [amd.worker_memory_limit(2)] * 2  # stock: half of the host each
+        assert sum(len(p) for p in c.run(lambda dask_worker: list(dask_worker.plugins)).values()) >= 2
+
+
 # -- map(engine=client) equals the local map ----------------------------------------------------------------------
 
 def twice_plus_one(block: np.ndarray) -> np.ndarray:
@@ -168,6 +178,17 @@ def test_npy_input_and_memmap_input(client: Any, tmp_path: Path) -> None:
     np.save(path, np.arange(30_000, dtype=np.int32).reshape(10_000, 3))
     same(*both(twice_plus_one, str(path), 1000, client))
     same(*both(twice_plus_one, np.load(path, mmap_mode="r")[2000:7001], 1000, client))
+
+
+def test_private_memmap_changes_are_seen(client: Any, tmp_path: Path) -> None:
+    """np.memmap mode "c": changes live in this process only, so the file must not be handed to the workers."""
+    path = tmp_path / "x.npy"
+    np.save(path, np.zeros((5000, 2)))
+    x = np.load(path, mmap_mode="c")
+    x[1234] = 7.0
+    local, remote = both(twice_plus_one, x, 1000, client)
+    same(local, remote)
+    assert remote[1234, 0] == 15.0
 
 
 def test_one_dimensional_input_with_a_new_dtype(client: Any) -> None:
@@ -271,7 +292,7 @@ REAL_SCRIPT = """
 import json, dask.array as da
 from apsi_memory.dask import cluster, chunk_bytes
 if __name__ == "__main__":
-    with cluster(n_workers=2, dashboard_address=None) as c, c.get_client() as client:
+    with cluster(n_workers=2, dashboard_address=":0") as c, c.get_client() as client:
         limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
         rows = chunk_bytes(min(limits)) // 8
         x = da.ones(1536 * 2**20 // 8, chunks=rows)

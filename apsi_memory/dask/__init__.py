@@ -105,14 +105,20 @@ def set_limit(nanny: Any, n_workers: int) -> int:
 
 def dask_setup(nanny: Any) -> None:
     """``dask worker --preload-nanny apsi_memory.dask``: the right limit before the worker starts, and
-    ``PressurePlugin`` on it. The machine's workers are the nannies of this ``dask worker`` process (its
-    ``--nworkers``), or ``APSI_DASK_WORKERS`` when several ``dask worker`` processes share the machine."""
+    ``PressurePlugin`` on it (which switches dask's own pausing off). The machine's workers are the nannies of
+    this process serving the same scheduler (``dask worker --nworkers``), or ``APSI_DASK_WORKERS`` when several
+    ``dask worker`` processes share the machine."""
     if not isinstance(nanny, Nanny):
         raise TypeError("apsi_memory.dask is a nanny preload: use --preload-nanny, not --preload")
     from_env = os.environ.get(WORKERS_ENV)
-    count = int(from_env) if from_env else max(1, len(Nanny._instances))
+    count = int(from_env) if from_env else _nannies_here(nanny)
     set_limit(nanny, count)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
+
+
+def _nannies_here(nanny: Any) -> int:
+    """The nannies of this process that serve the same scheduler (``dask worker --nworkers N`` makes N)."""
+    return max(1, sum(1 for other in list(Nanny._instances) if other.scheduler_addr == nanny.scheduler_addr))
 
 
 class PressurePlugin(WorkerPlugin):

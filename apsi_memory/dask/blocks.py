@@ -71,7 +71,8 @@ def rows_in_file(x: object) -> FileRows | None:
         return FileRows(source.npy.path, source.npy.data_offset, source.npy.dtype, source.npy.shape)
     array = source.open()
     region = file_region(array)
-    if region is None or not array.flags.c_contiguous:
+    # A private mapping (np.memmap mode "c") may hold changes the file does not; a deleted file cannot be opened.
+    if region is None or not region.shared or not array.flags.c_contiguous or not os.path.isfile(region.path):
         return None
     return FileRows(region.path, row_extent(array)[0] - region.start + region.file_offset, array.dtype, array.shape)
 
