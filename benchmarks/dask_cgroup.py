@@ -77,12 +77,15 @@ def in_group(variant: str, limit_s: float) -> dict[str, Any]:
             f.write(str(GROUP_BYTES))
         argv = [sys.executable, "-m", "benchmarks.dask_cgroup", "--variant", variant, "--limit", str(limit_s)]
         wrapper = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', group, *argv]
+        started = time.monotonic()
         done = subprocess.run(wrapper, capture_output=True, text=True, timeout=limit_s + 120, check=False)
+        ended = time.monotonic() - started
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         result: dict[str, Any] = {"variant": variant, "finished": False}
         for line in lines:
             result.update(json.loads(line))
         if len(lines) < 2:  # the client itself was killed, or failed: say how
+            result["client_exit"], result["wall_s"] = done.returncode, round(ended, 1)
             print(f"{variant}: exit {done.returncode}\n{done.stderr[-3000:]}", file=sys.stderr)
         result["oom_kills"] = oom_kills(group)
         return result
@@ -111,8 +114,16 @@ def table(rows: list[dict[str, Any]]) -> str:
         limit = row.get("worker_limit_bytes")
         lines.append(f"| {row['variant']} | {'-' if limit is None else f'{limit / 2**30:.2f} GiB'} | "
                      f"{row['oom_kills']} | {row.get('restarts', '-')} | {row.get('failed_tasks', '-')} | "
-                     f"{'yes' if row['finished'] else 'no'} | {row.get('wall_s', '-')} s |")
+                     f"{_finished(row)} | {row.get('wall_s', '-')} s |")
     return "\n".join(lines)
+
+
+def _finished(row: dict[str, Any]) -> str:
+    if row["finished"]:
+        return "yes"
+    if "client_exit" in row:
+        return f"no: the client process died (exit {row['client_exit']})"
+    return "no: time limit"
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -314,3 +315,22 @@ def test_in_a_1gib_group_workers_get_at_most_half_and_1_5gib_completes(memcg: An
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(result["limits"]) == 2 and max(result["limits"]) <= GiB // 2
     assert result["total"] == 3.0 * result["n"] and kills == 0
+
+
+# -- the extra stays optional ---------------------------------------------------------------------------------------
+
+def test_the_core_never_imports_dask_and_says_how_to_get_it() -> None:
+    script = (
+        "import sys\n"
+        "import numpy as np, apsi_memory as memory\n"
+        "memory.map(lambda b: b, np.ones(10)); memory.limits(); memory.status()\n"
+        "assert not {'dask', 'distributed'} & set(sys.modules), 'the core imported dask'\n"
+        "sys.modules['distributed'] = None  # as if the extra were not installed\n"
+        "try:\n"
+        "    memory.map(lambda b: b, np.ones(10), engine=object())\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'apsi-memory[dask]'" in done.stdout
