@@ -57,7 +57,7 @@ from .watch import Watcher, on_pressure, relieve
 # -- chunks and map (outofcore.py) --
 # (``map`` shadows the builtin inside this namespace only: ``memory.map``)
 from .chunks import chunks
-from .mapping import map
+from .mapping import map, to_dask
 
 # -- store and cached (store.py, cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
@@ -101,6 +101,7 @@ __all__ = [
     # chunks and map
     "chunks",
     "map",
+    "to_dask",
     # arrays, pool, on_pressure, relieve
     "ArrayRecord",
     "Pool",
