@@ -63,7 +63,7 @@ from .watch import Watcher, on_pressure, relieve
 # -- chunks (chunks.py) and map (mapping.py), both over outofcore.py --
 # (``map`` shadows the builtin inside this namespace only: ``memory.map``)
 from .chunks import chunks
-from .mapping import map
+from .mapping import map, to_dask
 
 # -- store, allow_write (store.py) and cached (cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
@@ -109,6 +109,7 @@ __all__ = [
     # chunks and map
     "chunks",
     "map",
+    "to_dask",
     # arrays, pool, on_pressure, relieve
     "ArrayRecord",
     "Pool",

@@ -23,7 +23,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # the Machine and what it keeps: root, clock, budget, ledger, level tracker, components, readings
     "machine": ("ledger", "levels", "measure", "readings", "machinery", "reactions"),
     # what users call, built on machine()
-    "features": ("arrays", "pool", "watch", "store", "cached", "chunks", "mapping", "devices", "batch"),
+    "features": ("arrays", "pool", "watch", "store", "cached", "chunks", "mapping", "devices", "batch", "dask"),
     # the public face: module-level readings, status(), the command line, the package itself
     "api": ("api", "status", "cli", "__init__", "__main__"),
 }
@@ -34,6 +34,12 @@ PENDING: set[tuple[str, str]] = {
     ("store", "api"),  # from .api import current_level -> machine().current_level
     ("mapping", "api"),  # api.cores() -> machine().cores()
 }
+
+
+# Cycles that remain in modules this step did not change: mapping imports the dask extra lazily for
+# map(engine=client) and to_dask, and dask.blocks imports mapping's row-order driver; moving that driver below
+# both (with mapping.py's split) ends it.
+PENDING_CYCLES: set[tuple[str, ...]] = {("dask", "dask.blocks", "mapping")}
 
 
 def modules() -> dict[str, Path]:
@@ -108,14 +114,15 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert PENDING - upward == set(), "fixed: remove it from PENDING"
 
 
-def test_the_import_graph_has_no_cycle() -> None:
-    edges = graph()
+def cycles(edges: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    """Each cycle of the graph found by a depth-first walk, as the sorted tuple of its modules."""
+    found: set[tuple[str, ...]] = set()
     done: set[str] = set()
 
     def visit(module: str, path: list[str]) -> None:
         if module in path:
-            cycle = path[path.index(module):] + [module]
-            raise AssertionError("import cycle: " + " -> ".join(cycle))
+            found.add(tuple(sorted(path[path.index(module):])))
+            return
         if module in done:
             return
         for target in sorted(edges.get(module, ())):
@@ -124,6 +131,19 @@ def test_the_import_graph_has_no_cycle() -> None:
 
     for module in sorted(edges):
         visit(module, [])
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    found = cycles(graph())
+    assert found - PENDING_CYCLES == set(), "import cycle"
+    assert PENDING_CYCLES - found == set(), "fixed: remove it from PENDING_CYCLES"
+
+
+def test_a_cycle_through_a_lazy_import_is_found() -> None:
+    """The walk itself, on the graph of today's main before status() moved: api imported devices in a function."""
+    before = {"api": {"devices", "machinery"}, "devices": {"api"}, "machinery": set()}
+    assert cycles(before) == {("api", "devices")}
 
 
 def test_the_scan_sees_imports_inside_functions_and_type_checking_blocks(tmp_path: Path) -> None:
