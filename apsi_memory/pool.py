@@ -124,9 +124,18 @@ class _Clearer:
         self._work: queue.SimpleQueue[tuple[weakref.ref[Pool], _Buffer]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending = 0  # submitted, not cleared yet
+        self._idle = threading.Condition(self._lock)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until every buffer submitted so far has been cleared (or ``timeout``): a point to synchronise
+        on, for tests, instead of sleeping."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def submit(self, pool: Pool, buffer: _Buffer) -> None:
         with self._lock:  # put under the lock: the thread decides to end under it, seeing the queue empty
+            self._pending += 1
             self._work.put((weakref.ref(pool), buffer))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="apsi-pool-clearer", daemon=True)
@@ -146,6 +155,9 @@ class _Clearer:
             if pool is not None:
                 pool._clear(buffer)
             del pool, buffer  # do not keep the last pool alive while waiting
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
 
 
 _clearer = _Clearer()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
-from collections.abc import Callable
 
 import numpy as np
 import psutil
@@ -13,7 +11,7 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.decide import Level
-from apsi_memory.pool import PAGE, Pool, capacity_for, choose_spare, oldest_to_drop
+from apsi_memory.pool import PAGE, Pool, _clearer, capacity_for, choose_spare, oldest_to_drop
 from sim.tree import MiB
 
 
@@ -22,10 +20,9 @@ def address(a: np.ndarray) -> int:
 
 
 def wait_until_cleared(p: Pool, count: int) -> None:
-    deadline = time.monotonic() + 10
-    while p.cleared < count:
-        assert time.monotonic() < deadline, f"the background clearing did not finish: {p!r}"
-        time.sleep(0.005)
+    """The background thread has cleared everything given back so far (it says so: no sleeping)."""
+    assert _clearer.wait_idle(timeout=10), f"the background clearing did not finish: {p!r}"
+    assert p.cleared >= count
 
 
 # -- pure rules ---------------------------------------------------------------------------------------------------
@@ -208,14 +205,8 @@ def test_threads_sharing_a_pool_never_get_the_same_buffer(pressure_machine):
     assert clashes == [] and p.out == 0
 
 
-def _clearer_running() -> bool:
-    return any(t.name == "apsi-pool-clearer" for t in threading.enumerate())
-
-
-def _wait_for(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 5
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
+def _clearer_thread() -> threading.Thread | None:
+    return next((t for t in threading.enumerate() if t.name == "apsi-pool-clearer"), None)
 
 
 def test_the_clearing_thread_ends_when_idle_and_comes_back(pressure_machine, monkeypatch: pytest.MonkeyPatch):
@@ -228,9 +219,10 @@ def test_the_clearing_thread_ends_when_idle_and_comes_back(pressure_machine, mon
     for round_ in range(2):
         a[:] = 7
         p.give(a)
-        assert _clearer_running(), f"round {round_}: no thread cleared the buffer given back"
-        _wait_for(lambda: not _clearer_running())
-        assert not _clearer_running(), f"round {round_}: the idle thread did not end"
+        thread = _clearer_thread()
+        assert thread is not None, f"round {round_}: no thread cleared the buffer given back"
+        thread.join(5)  # it ends by itself after IDLE_SECONDS without work
+        assert _clearer_thread() is None, f"round {round_}: the idle thread did not end"
         b = p.take((256, 1024), zero=True)  # the spare, cleared before the thread ended
         assert address(b) == address(a) and not b.any()
         a = b
