@@ -11,7 +11,7 @@ from .decide import Level
 from .levels import Component
 from .machinery import machine
 
-__all__ = ["Component", "components", "notify", "register", "relieve_components", "unregister"]
+__all__ = ["Component", "notify", "register", "relieve_components", "unregister"]
 
 
 def register(component: Component) -> None:
@@ -20,10 +20,6 @@ def register(component: Component) -> None:
 
 def unregister(component: Component) -> None:
     machine().components.unregister(component)
-
-
-def components() -> list[Component]:
-    return machine().components.all()
 
 
 def notify(level: Level) -> None:

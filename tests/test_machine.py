@@ -12,6 +12,7 @@ import pytest
 import apsi_memory as memory
 import sim
 from apsi_memory import Machine
+from apsi_memory.adapters.clock import SystemClock
 from apsi_memory.decide import Level
 from apsi_memory.levels import RECHECK_SECONDS
 from sim.clock import FakeClock
@@ -120,6 +121,14 @@ def test_a_stopped_wait_returns_true_and_wait_idle_names_what_it_waited_for() ->
     assert clock.wait(60, stop) is True and clock.now() == 1000.0
     with pytest.raises(TimeoutError, match="0 threads wait on the clock, not 1 idle"):
         clock.wait_idle(timeout=0.01)
+
+
+def test_the_system_clock_waits_in_real_time_and_a_set_stop_ends_it_at_once() -> None:
+    clock, stop = SystemClock(), threading.Event()
+    start = clock.now()
+    assert clock.wait(0.001) is False and clock.now() > start
+    stop.set()
+    assert clock.wait(3600, stop) is True
 
 
 def test_autojump_moves_the_clock_to_the_deadline_at_once() -> None:
