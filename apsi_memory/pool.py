@@ -151,13 +151,15 @@ class _Clearer:
                         self._thread = None
                         return
                 continue
-            pool = pool_ref()
-            if pool is not None:
-                pool._clear(buffer)
-            del pool, buffer  # do not keep the last pool alive while waiting
-            with self._idle:
-                self._pending -= 1
-                self._idle.notify_all()
+            try:
+                pool = pool_ref()
+                if pool is not None:
+                    pool._clear(buffer)
+                del pool, buffer  # do not keep the last pool alive while waiting
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
 
 
 _clearer = _Clearer()

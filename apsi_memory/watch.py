@@ -2,9 +2,10 @@
 
 The library itself needs no thread: allocation paths re-measure the level at most twice a second. A watcher is for
 programs that want to act themselves (shrink a batch, pause a producer): a daemon thread reads the pressure every
-``every`` seconds of the machine's clock (a test's ``FakeClock`` drives it without real sleeps), feeds the level to the registered components like an allocation path would, and calls ``fn``
-with the reading when the level reaches ``level`` — again every ``repeat`` seconds while it lasts, and afresh once
-it has dropped below and comes back.
+``every`` seconds of the machine's clock (a test's ``FakeClock`` drives it without real sleeps), feeds the level
+to the registered components like an allocation path would, and calls ``fn`` with the reading when the level
+reaches ``level`` — again every ``repeat`` seconds while it lasts, and afresh once it has dropped below and comes
+back.
 
 An exception raised by ``fn`` (or by a reading) goes to ``threading.excepthook`` — printed to stderr by default —
 and the watcher keeps watching.
