@@ -48,3 +48,38 @@ class BatchTooSmallError(ApsiMemoryError, MemoryError):
 
 class TamperWarning(UserWarning):
     """A store file whose signature did not match was removed unread."""
+
+
+class UntrustedPathError(ApsiMemoryError, PermissionError):
+    """A key, folder or store file that another user could have written or redirected (wrong owner, group or
+    other bits, a symbolic link, not the expected type); names the path, what is wrong and the command that fixes
+    it. Nothing was read from it or written to it."""
+
+
+class WriteNotAllowedError(ApsiMemoryError, PermissionError):
+    """A store path outside ``~/.apsi/store`` that ``allow_write``/``APSI_ALLOW_WRITE`` did not allow."""
+
+
+class PathArgumentError(ApsiMemoryError, ValueError):
+    """An empty or meaningless path or store name (``allow_write("")``, ``store("..")``)."""
+
+
+class StoreClosedError(ApsiMemoryError, ValueError):
+    """``get``/``set`` (or any other use) of a store after its ``close()``."""
+
+
+class UnstorableError(ApsiMemoryError, TypeError):
+    """A key of the wrong type, or a value (or ``@cached`` argument) that cannot be pickled."""
+
+
+class UnloadableWarning(UserWarning):
+    """A store entry whose signature checked out but that cannot be loaded here (a renamed class, a changed
+    module); it reads as a miss and stays on disk for the processes that can load it."""
+
+
+class OldEntryWarning(UserWarning):
+    """Entries signed by an older apsi_memory (before signatures named their store and version) read as misses."""
+
+
+class NotCachedWarning(UserWarning):
+    """``@cached`` returned its result but could not keep it (a full disk)."""
