@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.lib.format as npformat
 
-from .errors import UnstorableError
+from .errors import ArgumentTypeError
 from .journal import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES, Entry
 from .signing import SIGNATURE_BYTES, sign, verify
 
@@ -98,7 +98,7 @@ def to_blob(seal: Seal, key: bytes, stem: str, value: Any, keep_in_ram: Callable
     try:
         payload = pickle.dumps(value, protocol=5)
     except (pickle.PicklingError, TypeError, AttributeError) as err:
-        raise UnstorableError(f"cannot store a value of type {type(value).__name__}: it cannot be pickled "
+        raise ArgumentTypeError(f"cannot store a value of type {type(value).__name__}: it cannot be pickled "
                               f"({err})") from err
     signature = _sign(seal, b"P", key, stem, payload)
     return _Blob(KIND_PICKLE, (payload, signature), len(payload) + SIGNATURE_BYTES, payload, len(payload))

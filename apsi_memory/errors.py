@@ -2,7 +2,29 @@
 
 Every error the library raises on purpose derives from ``ApsiMemoryError`` and also from the builtin a caller
 would already catch for that kind of problem (``ValueError`` for bad input, ``OSError`` for the disk,
-``MemoryError`` for running out), so ``except ValueError`` keeps working.
+``MemoryError`` for running out), so ``except ValueError`` keeps working. The tree (a test checks it against the
+classes below; the README shows the same drawing)::
+
+    ApsiMemoryError(Exception)
+    ├── ArgumentError(ValueError)
+    │   ├── SizeError
+    │   └── PoolError
+    ├── ArgumentTypeError(TypeError)
+    ├── CorruptFileError(ValueError)
+    ├── ChunkError(ValueError)
+    ├── DiskFullError(OSError)
+    ├── StoreClosedError(ValueError)
+    ├── UnsafePathError(PermissionError)
+    ├── SystemCallError(OSError)
+    ├── MissingKeyError(KeyError)
+    ├── MissingExtraError(ImportError)
+    ├── BlockError(RuntimeError)
+    └── BatchTooSmallError(MemoryError)
+    UserWarning
+    ├── TamperWarning
+    ├── UnloadableWarning
+    ├── OldEntryWarning
+    └── NotCachedWarning
 """
 
 from __future__ import annotations
@@ -12,7 +34,11 @@ class ApsiMemoryError(Exception):
     """Base of every error raised by apsi_memory."""
 
 
-class SizeError(ApsiMemoryError, ValueError):
+class ArgumentError(ApsiMemoryError, ValueError):
+    """An argument with a value the call cannot use (a negative shape, ``every=0``); names the argument."""
+
+
+class SizeError(ArgumentError):
     """A size string or number that cannot be read as bytes."""
 
 
@@ -30,7 +56,7 @@ class DiskFullError(ApsiMemoryError, OSError):
     """Not enough space on the SSD for a spill file or a store entry; names the folder and what is free."""
 
 
-class PoolError(ApsiMemoryError, ValueError):
+class PoolError(ArgumentError):
     """A buffer given back twice, or one the pool never handed out."""
 
 
@@ -50,26 +76,29 @@ class TamperWarning(UserWarning):
     """A store file whose signature did not match was removed unread."""
 
 
-class UntrustedPathError(ApsiMemoryError, PermissionError):
-    """A key, folder or store file that another user could have written or redirected (wrong owner, group or
-    other bits, a symbolic link, not the expected type); names the path, what is wrong and the command that fixes
-    it. Nothing was read from it or written to it."""
+class ArgumentTypeError(ApsiMemoryError, TypeError):
+    """An argument of a type the call does not take (``on_disk(None)``); names the argument and the type."""
 
 
-class WriteNotAllowedError(ApsiMemoryError, PermissionError):
-    """A store path outside ``~/.apsi/store`` that ``allow_write``/``APSI_ALLOW_WRITE`` did not allow."""
+class UnsafePathError(ApsiMemoryError, PermissionError):
+    """A path the library will not use: outside the folders allowed for writing, or a file or folder that another
+    user owns or may write; says what is wrong and the command that fixes it."""
 
 
-class PathArgumentError(ApsiMemoryError, ValueError):
-    """An empty or meaningless path or store name (``allow_write("")``, ``store("..")``)."""
+class SystemCallError(ApsiMemoryError, OSError):
+    """A system call the library relies on failed in a way it cannot work around; names the call and errno."""
+
+
+class MissingKeyError(ApsiMemoryError, KeyError):
+    """``store[key]`` or ``del store[key]`` for a key that is not there."""
+
+
+class MissingExtraError(ApsiMemoryError, ImportError):
+    """An optional feature whose extra is not installed; says which ``pip install`` adds it."""
 
 
 class StoreClosedError(ApsiMemoryError, ValueError):
-    """``get``/``set`` (or any other use) of a store after its ``close()``."""
-
-
-class UnstorableError(ApsiMemoryError, TypeError):
-    """A key of the wrong type, or a value (or ``@cached`` argument) that cannot be pickled."""
+    """``get``/``set`` (or any other use) of a store after its ``close()``; names the store."""
 
 
 class UnloadableWarning(UserWarning):

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .api import cores
+from .errors import ArgumentTypeError
 from .units import MiB
 
 PIECE_BYTES = 64 * MiB
@@ -76,7 +77,7 @@ def value_digest(value: Any) -> bytes:
     try:
         _DigestPickler(sink, protocol=5).dump(value)
     except (pickle.PicklingError, TypeError, AttributeError) as err:
-        raise TypeError(f"cannot hash a value of type {type(value).__name__} for a cache key: {err}") from err
+        raise ArgumentTypeError(f"cannot hash a value of type {type(value).__name__} for a cache key: {err}") from err
     return sink.hash.digest()
 
 

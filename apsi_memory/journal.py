@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from itertools import accumulate
 from typing import NamedTuple
 
-from .errors import DiskFullError, TamperWarning
+from .errors import CorruptFileError, DiskFullError, TamperWarning
 from .paths import display
 from .trust import open_file
 from .units import MiB, fmt_mb
@@ -224,12 +224,13 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 def _pwrite_all(fd: int, data: bytes, at: int, folder: str) -> None:
     try:
-        if os.pwrite(fd, data, at) != len(data):
-            raise OSError(errno.ENOSPC, "short write")
+        written = os.pwrite(fd, data, at)
     except OSError as err:
         if err.errno in _NO_SPACE:
             raise disk_full(folder, len(data)) from err
         raise
+    if written != len(data):  # a short write: the disk filled up under it
+        raise disk_full(folder, len(data))
 
 
 def disk_full(folder: str, needed: int) -> DiskFullError:
@@ -270,6 +271,7 @@ class _Journal:
         self.pending_touches: list[bytes] = []
         with self.locked():
             size = os.fstat(self.lock_fd).st_size
+            self.known = size >= 16  # the lock held counters already: this folder is a store (maybe damaged)
             if size < _LOCK_BYTES:
                 # Written, not ftruncated: the block is allocated now, so a later write through the mapping can
                 # never meet a full disk (which would be a SIGBUS, not an error).
@@ -303,8 +305,9 @@ class _Journal:
 
     def _open(self) -> None:
         """Open and check the magic, writing it if the file is new. The epoch is read first: a compaction in between
-        makes the next look reopen again, never miss the switch. A file with the wrong magic is moved aside by the
-        lock holder (never deleted) and the store starts empty."""
+        makes the next look reopen again, never miss the switch. In a store (its lock file has counters) a file with
+        the wrong magic is moved aside by the lock holder (never deleted) and the store starts empty; in a folder
+        that never was a store it is refused."""
         self.epoch = _COUNTERS.unpack_from(self.counters)[1]
         fd = open_file("index", os.O_RDWR | os.O_APPEND | os.O_CREAT, self.dir_fd, shown=self.path)
         head = os.pread(fd, len(MAGIC), 0)
@@ -313,6 +316,8 @@ class _Journal:
             if not self.holding:
                 with self.locked():
                     return self._open()
+            if head and not self.known:
+                raise CorruptFileError(self.path, "not an apsi_memory store index (wrong magic)")
             if head:
                 self._move_aside()
             return self._open()
@@ -388,13 +393,14 @@ class _Journal:
         data = b"".join(packed)
         try:
             written = os.write(self.fd, data)
-            if written != len(data):
-                raise OSError(errno.ENOSPC, "short write")
         except OSError as err:
             os.ftruncate(self.fd, self.offset)
             if err.errno in _NO_SPACE:
                 raise disk_full(self.folder, len(data)) from err
             raise
+        if written != len(data):  # a short write: the disk filled up under it
+            os.ftruncate(self.fd, self.offset)
+            raise disk_full(self.folder, len(data))
         starts = [self.offset + end - len(r.value) for end, r in zip(ends, records)]
         self.offset = self.end_seen = self.offset + len(data)
         self._bump(end=self.offset)

@@ -32,7 +32,7 @@ def key_path() -> str:
 
 def private_dir(path: str) -> str:
     """Create ``path`` and every missing parent, each 0700, and check it is ours and writable by nobody else
-    (``trust.UntrustedPathError`` otherwise, naming the fix); returns it."""
+    (``trust.UnsafePathError`` otherwise, naming the fix); returns it."""
     return make_private(path)
 
 

@@ -73,21 +73,26 @@ def _create(path: str) -> None:
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         try:
-            if os.write(fd, os.urandom(KEY_BYTES)) != KEY_BYTES:
-                raise OSError(errno.ENOSPC, "short write")
+            written = os.write(fd, os.urandom(KEY_BYTES))
             os.fsync(fd)
         finally:
             os.close(fd)
+        if written != KEY_BYTES:  # a short write: the disk is full
+            raise _no_room(path)
         os.link(temp, path)
     except FileExistsError:
         pass  # another process created it first; use theirs
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(errno.ENOSPC, f"no space left in {os.path.dirname(path)} for this user's "
-                                              "signing key; free some space there") from err
+            raise _no_room(path) from err
         raise
     finally:
         os.unlink(temp)
+
+
+def _no_room(path: str) -> DiskFullError:
+    return DiskFullError(errno.ENOSPC, f"no space left in {os.path.dirname(path)} for this user's signing key; "
+                                       "free some space there (no key was made)")
 
 
 def sign(key: bytes, *parts: bytes | memoryview) -> bytes:

@@ -69,15 +69,16 @@ from .api import current_level
 from .blobs import OldFormat, Seal, Unloadable, _Held, _Tampered, decode, load_mapped, to_blob
 from .decide import Level, eviction_target, ram_tier_limit
 from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
     DiskFullError,
+    MissingKeyError,
     OldEntryWarning,
-    PathArgumentError,
     SizeError,
     StoreClosedError,
     TamperWarning,
     UnloadableWarning,
-    UnstorableError,
-    WriteNotAllowedError,
+    UnsafePathError,
 )
 from .journal import (
     _EXT,
@@ -129,7 +130,7 @@ def encode_key(key: Key) -> bytes:
         return b"b" + key
     if isinstance(key, int) and not isinstance(key, bool):
         return b"i" + str(key).encode("ascii")
-    raise UnstorableError(f"store keys are str, int or bytes, not {type(key).__name__}")
+    raise ArgumentTypeError(f"store keys are str, int or bytes, not {type(key).__name__}")
 
 
 def decode_key(encoded: bytes) -> Key:
@@ -251,7 +252,7 @@ def allow_write(path: str | os.PathLike[str]) -> None:
     """Allow stores (and other writes) at ``path`` and below it, as Apsi's ``--allow-write`` does."""
     text = os.fspath(path)
     if not isinstance(text, str) or not text.strip():
-        raise PathArgumentError(f"allow_write needs a folder, not {text!r} (an empty path would allow the working "
+        raise ArgumentError(f"allow_write needs a folder, not {text!r} (an empty path would allow the working "
                                 "folder)")
     with _allowed_lock:
         _allowed.add(os.path.realpath(os.path.expanduser(text)))
@@ -272,13 +273,13 @@ def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
     path the caller chose, allowed only under ``allow_write``/``APSI_ALLOW_WRITE`` roots."""
     text = os.fspath(name_or_path)
     if not text or text in (".", ".."):
-        raise PathArgumentError(f"store name {text!r} is empty or not a name; use e.g. 'embeddings'")
+        raise ArgumentError(f"store name {text!r} is empty or not a name; use e.g. 'embeddings'")
     if os.sep not in text and not text.startswith(("~", ".")) and (os.altsep is None or os.altsep not in text):
         return os.path.join(store_dir(), text)
     folder = os.path.realpath(os.path.expanduser(text))
     roots = [os.path.realpath(store_dir())] + _allowed_roots()
     if not any(_is_within(folder, root) for root in roots):
-        raise WriteNotAllowedError(
+        raise UnsafePathError(
             errno.EPERM,
             f"store path {folder} is outside {display(store_dir())} and not allowed for writing; allow it with "
             f"memory.allow_write({folder!r}), APSI_ALLOW_WRITE={folder} or Apsi's --allow-write {folder}")
@@ -432,7 +433,7 @@ class Store:
     def __getitem__(self, key: Key) -> Any:
         value = self.get(key, _MISSING)
         if value is _MISSING:
-            raise KeyError(key)
+            raise MissingKeyError(key)
         return value
 
     def __contains__(self, key: object) -> bool:
@@ -554,7 +555,7 @@ class Store:
 
     def __delitem__(self, key: Key) -> None:
         if not self.delete(key):
-            raise KeyError(key)
+            raise MissingKeyError(key)
 
     def clear(self) -> None:
         """Remove every entry, from both tiers and the SSD. Needs no free space: the journal is cut back in place."""
@@ -700,9 +701,9 @@ def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
     """Open (or create) a store: ``memory.store("embeddings", ram_mb=512, disk_gb=50)``.
 
     A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); a path must be allowed first with
-    ``allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``WriteNotAllowedError`` (a ``PermissionError``)
+    ``allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``UnsafePathError`` (a ``PermissionError``)
     says how. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
-    user could write is refused with an ``UntrustedPathError`` naming the fix.
+    user could write is refused with an ``UnsafePathError`` naming the fix.
     """
     ram_bytes = _size_bytes(ram_mb, MiB, "ram_mb")
     disk_bytes = _size_bytes(disk_gb, GiB, "disk_gb")

@@ -4,7 +4,7 @@ In the spirit of OpenSSH's StrictModes, a folder the library keeps files in must
 be writable by nobody else, the signing key must be a regular file of ours with no group or other bits, and the
 store's own files (``lock``, ``index``) must be regular files of ours. Files inside our folders are opened with
 ``O_NOFOLLOW`` (a symbolic link there was planted: we never make one). Anything else is an
-``UntrustedPathError`` that names the path, what is wrong and the one command that fixes it; nothing was read
+``UnsafePathError`` that names the path, what is wrong and the one command that fixes it; nothing was read
 from it or written to it. The checks run when a folder or file is opened, never per read.
 """
 
@@ -14,15 +14,15 @@ import errno
 import os
 import stat
 
-from .errors import UntrustedPathError
+from .errors import UnsafePathError
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
-def _untrusted(path: str, problem: str, fix: str) -> UntrustedPathError:
-    return UntrustedPathError(errno.EPERM, f"{path} {problem}; apsi_memory does not trust it. Fix: {fix}")
+def _untrusted(path: str, problem: str, fix: str) -> UnsafePathError:
+    return UnsafePathError(errno.EPERM, f"{path} {problem}; apsi_memory does not trust it. Fix: {fix}")
 
 
 def check_folder(path: str, st: os.stat_result) -> None:
