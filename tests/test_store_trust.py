@@ -183,7 +183,7 @@ def test_a_record_whose_name_is_not_one_we_make_touches_nothing_outside(home, tm
         f.write(pack_record(Record(OP_DEL, b"snothing")))  # an intact record after them: not a torn tail
     with pytest.warns(TamperWarning, match="damaged"):
         reader = fresh()
-        assert reader.get("k") is None and reader.get("other") is None
+    assert reader.get("k") is None and reader.get("other") is None
     for i in range(4):
         reader.set(f"big{i}", BIG)  # eviction, replacement, compaction: nothing outside is unlinked
     reader.delete("k")
