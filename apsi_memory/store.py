@@ -500,7 +500,7 @@ class Store:
             self._ram.put(key, _Held(ram_value, entry.kind, ram_nbytes, entry.name))
         self._unlink([old] if old is not None else [])
         try:
-            self._compact_if_due()
+            self._compact_if_due(keep=key)
             self._unlink(self._evict_over_limit(keep=key))
         except OSError:
             pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
@@ -512,10 +512,11 @@ class Store:
             self._reload()  # the in-memory index may be ahead of the journal; the journal is the truth
             raise
 
-    def _evict_over_limit(self, keep: bytes) -> list[Entry]:
-        """Least recently used entries out until the files and the journal (its dead bytes included) fit."""
+    def _evict_over_limit(self, keep: bytes, room: int = 0) -> list[Entry]:
+        """Least recently used entries out until the files and the journal (its dead bytes included) fit, with
+        ``room`` bytes to spare."""
         overhead = self._journal.offset - self._index.inline_total
-        victims = self._index.evict_to(max(0, self.disk_limit - overhead), keep)
+        victims = self._index.evict_to(max(0, self.disk_limit - overhead - room), keep)
         if victims:
             for key, _ in victims:
                 self._ram.drop(key)
@@ -607,10 +608,12 @@ class Store:
         if len(self._journal.pending_touches) >= TOUCH_BATCH:
             self.flush()
 
-    def _compact_if_due(self, force: bool = False) -> None:
+    def _compact_if_due(self, keep: bytes = b"", force: bool = False) -> None:
         """Under the journal lock. Dead bytes (replaced or deleted inline values, old records) are dropped by
         rewriting the journal once they outweigh the live inline values (so the journal is at most twice what it
-        must be, and compaction costs O(1) per byte written), or once the store is over its limit on disk."""
+        must be, and compaction costs O(1) per byte written), or once the store is over its limit on disk. The
+        new journal is written beside the old one, so entries are evicted first to make room for it within the
+        limit."""
         inline = self._index.inline_total
         dead = self._journal.offset - inline
         on_disk = self._index.total - inline + self._journal.offset
@@ -620,6 +623,7 @@ class Store:
         keys = sum(len(key) for key in self._index.entries)
         if shutil.disk_usage(self.folder).free < inline + keys + 64 * (len(self._index.entries) + 1024):
             return  # no room for the rewrite now; the journal stays valid and a later write tries again
+        self._unlink(self._evict_over_limit(keep, room=inline + keys + 64 * len(self._index.entries) + 64))
         try:
             self._journal.replace(list(self._index.entries.items()))
         except OSError:
