@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +19,8 @@ from .adapters.cgroup import CgroupMemory
 from .adapters.disk import disk_free
 from .adapters.procfs import ProcStatus, read_loadavg, read_proc_status
 from .adapters.root import resolve
-from .decide import Level, default_budget, pressure_level
-from .errors import SizeError
+from .decide import Level, default_budget, pressure_cause, pressure_level
+from .errors import BudgetWarning, SizeError
 from .measure import MemoryReading, read_memory
 from .reactions import LevelTracker
 from .units import GiB, fmt_gb, parse_size
@@ -72,7 +73,17 @@ def budget(gb: float | str | None = None) -> Budget:
         _budget_set = None
     elif gb is not None:
         _budget_set = parse_size(gb)
-    return _budget_from(read_memory())
+    reading = read_memory()
+    if gb is not None and _budget_set is not None and _budget_set > reading.usable:
+        _warn_above_usable(_budget_set, reading.usable)
+    return _budget_from(reading)
+
+
+def _warn_above_usable(budget_bytes: int, usable: int) -> None:
+    # A warning, not a log line: it is a mistake in the caller's code, shown at the caller's line, once per line
+    # under Python's default filter, and tests or -W error can turn it into an error.
+    warnings.warn(BudgetWarning(f"budget {fmt_gb(budget_bytes)} is more than the {fmt_gb(usable)} usable here; "
+                                "arrays are still placed by what is free"), stacklevel=3)
 
 
 def _budget_from(reading: MemoryReading) -> Budget:
@@ -91,6 +102,22 @@ def _budget_from(reading: MemoryReading) -> Budget:
 
 @dataclass(frozen=True)
 class Limits(_Reading):
+    """Usable memory and where it comes from; ``to_dict()`` gives the same fields as ``limits --json``.
+
+    ``usable_bytes``: the smaller of the host's RAM and the smallest cgroup limit up the hierarchy.
+    ``free_bytes``: the smaller of the host's available memory and the cgroup's least headroom.
+    ``budget_bytes``: the RAM budget for big arrays (``budget()``).
+    ``source``: ``host`` or ``container (cgroup v1|v2)``.
+    ``cgroup``: the group as ``/proc/self/cgroup`` names it; ``cgroup_version``: 1 or 2 (both None without one).
+    ``limit_bytes``, ``limit_file``: the limit and the file (in the machine's view, so it names the group's folder
+    too) that set it: ``memory.max``, ``memory.high``, ``memory.limit_in_bytes``, or ``memory.stat`` for v1's
+    ``hierarchical_memory_limit``.
+    ``working_set_bytes``: the group's usage less inactive page cache.
+    ``host_total_bytes``, ``host_available_bytes``: ``/proc/meminfo``'s MemTotal and MemAvailable.
+    ``group_guessed``: the group is not below any cgroup mount's root, so the mount point was read in its stead.
+    ``cgroup_problem``: why a group that exists was not read (the reading is then the host's).
+    """
+
     usable_bytes: int
     free_bytes: int
     budget_bytes: int
@@ -102,9 +129,14 @@ class Limits(_Reading):
     working_set_bytes: int | None
     host_total_bytes: int
     host_available_bytes: int
+    group_guessed: bool = False
+    cgroup_problem: str | None = None
 
     def __str__(self) -> str:
-        return (f"{fmt_gb(self.usable_bytes)} usable ({self.source}), {fmt_gb(self.free_bytes)} free, "
+        note = ", group not visible: read at the mount point" if self.group_guessed else ""
+        if self.cgroup_problem:
+            note = f"; {self.cgroup_problem}"
+        return (f"{fmt_gb(self.usable_bytes)} usable ({self.source}{note}), {fmt_gb(self.free_bytes)} free, "
                 f"budget {fmt_gb(self.budget_bytes)}")
 
 
@@ -112,7 +144,7 @@ def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
     if cg is None:
         return dict.fromkeys(("cgroup", "cgroup_version", "limit_bytes", "limit_file", "working_set_bytes"))
     return {"cgroup": cg.path, "cgroup_version": cg.version, "limit_bytes": cg.limit, "limit_file": cg.limit_file,
-            "working_set_bytes": cg.working_set}
+            "working_set_bytes": cg.working_set, "group_guessed": cg.guessed}
 
 
 def limits() -> Limits:
@@ -120,7 +152,7 @@ def limits() -> Limits:
     return Limits(
         usable_bytes=reading.usable, free_bytes=reading.free, budget_bytes=_budget_from(reading).bytes,
         source=reading.source, host_total_bytes=reading.host.total, host_available_bytes=reading.host.available,
-        **_cgroup_fields(reading.cgroup),
+        cgroup_problem=reading.cgroup_problem, **_cgroup_fields(reading.cgroup),
     )
 
 
@@ -135,22 +167,26 @@ class Pressure(_Reading):
     some: float | None  # PSI avg10 percent; None = not available (never reported as 0)
     full: float | None
     psi_source: str | None
+    cause: str | None = None  # the signal(s) that set the level, e.g. "some ≥ 5 %"; None at ok
+    psi_problem: str | None = None  # why stalls are not available although a PSI file is there
 
     def __str__(self) -> str:
         if self.some is None:
-            stalls = "stalls not available"
+            stalls = "stalls not available" + (f" ({self.psi_problem})" if self.psi_problem else "")
         else:
             full = "n/a" if self.full is None else f"{self.full:.1f} %"
             stalls = f"stalls {self.some:.1f} % (some) / {full} (full)"
-        return f"{self.level}: {fmt_gb(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}"
+        cause = f" — {self.cause}" if self.cause else ""
+        return f"{self.level}: {fmt_gb(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}{cause}"
 
 
 def _pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
     fraction = reading.free / reading.usable if reading.usable else 0.0
     psi = reading.psi
     some, full, source = (None, None, None) if psi is None else (psi.some, psi.full, psi.source)
-    return Pressure(pressure_level(fraction, some, full, previous), reading.free, reading.usable, fraction,
-                    some, full, source)
+    level = pressure_level(fraction, some, full, previous)
+    return Pressure(level, reading.free, reading.usable, fraction, some, full, source,
+                    pressure_cause(level, fraction, some, full), reading.psi_problem)
 
 
 def _measure_level(previous: Level) -> Level:
@@ -163,8 +199,9 @@ TRACKER = LevelTracker(_measure_level)
 
 def pressure() -> Pressure:
     """Measure now; the level uses the last one for hysteresis and registered components hear of a change."""
-    reading = _pressure_from(read_memory(), TRACKER.level)
-    TRACKER.update(reading.level)
+    ticket, previous = TRACKER.begin()
+    reading = _pressure_from(read_memory(), previous)
+    TRACKER.publish(ticket, reading.level)
     return reading
 
 

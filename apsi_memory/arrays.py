@@ -30,6 +30,7 @@ import contextlib
 import math
 import mmap
 import operator
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ import numpy as np
 
 from . import api, ledger, spill
 from .decide import SMALL_ARRAY_BYTES, Place, place
+from .errors import ArgumentError, ArgumentTypeError
 from .units import GiB
 
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -105,9 +107,9 @@ def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
         dims = (operator.index(shape),) if isinstance(shape, (int, np.integer)) else tuple(
             map(operator.index, shape))
     except TypeError:
-        raise TypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
+        raise ArgumentTypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
     if dims and min(dims) < 0:
-        raise ValueError(f"shape {shape!r} has a negative dimension")
+        raise ArgumentError(f"shape {shape!r} has a negative dimension")
     return dims
 
 
@@ -123,17 +125,25 @@ def normalize_dtype(dtype: Any) -> np.dtype[Any]:
     try:
         result: np.dtype[Any] = np.dtype(dtype)
     except TypeError as exc:
-        raise TypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
+        raise ArgumentTypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
     if result.hasobject:
-        raise TypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped file; "
-                        "use a numeric dtype")
+        raise ArgumentTypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped "
+                                "file; use a numeric dtype")
+    if result.itemsize == 0:  # "S0"/"U0": NumPy makes S1/U1 arrays, so count the bytes they really take
+        result = np.empty(0, result).dtype
     with contextlib.suppress(TypeError):
         _dtypes[dtype] = result
     return result
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
-    return math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+    """Bytes an array of ``shape`` and ``dtype`` takes; ``ArgumentError`` naming both when no array can be that
+    big (more than an address can count)."""
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+    if nbytes > sys.maxsize:
+        raise ArgumentError(f"shape {shape} of {dtype} would take {nbytes} bytes, more than any array can hold "
+                            f"({sys.maxsize} at most)")
+    return nbytes
 
 
 # -- array -------------------------------------------------------------------------------------------------------
@@ -259,7 +269,7 @@ def free(x: np.ndarray) -> None:
 
     Afterwards ``x`` is read-only and reads zeros (see the module docstring). Freeing twice does nothing."""
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
+        raise ArgumentTypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
     entry = _find(x)
     if entry is None:
         return  # not ours, or already collected: nothing to give back
@@ -280,6 +290,8 @@ def _make_read_only(*arrays: np.ndarray | None) -> None:
 
 def on_disk(x: np.ndarray) -> bool:
     """Whether ``x`` lives in a file (a spill file, or any ``numpy.memmap``) rather than RAM."""
+    if not isinstance(x, np.ndarray):
+        raise ArgumentTypeError(f"memory.on_disk takes a NumPy array, not {type(x).__name__}")
     entry = _find(x)
     if entry is not None:
         return entry.place is Place.SSD

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .decide import halve_batch
-from .errors import BatchTooSmallError, BlockError
+from .errors import ArgumentError, ArgumentTypeError, BatchTooSmallError, BlockError
 from .reactions import relieve_components
 
 log = logging.getLogger(__name__)
@@ -176,12 +176,12 @@ def _empty_gpu_caches() -> None:
 
 def _check_arguments(fn: object, batch: object, min_batch: object) -> None:
     if not callable(fn):
-        raise TypeError(f"fit_batch needs a function of the batch size, not {type(fn).__name__}")
+        raise ArgumentTypeError(f"fit_batch needs a function of the batch size, not {type(fn).__name__}")
     for name, value in (("batch", batch), ("min_batch", min_batch)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"fit_batch: {name} must be an int, not {type(value).__name__} ({value!r})")
+            raise ArgumentTypeError(f"fit_batch: {name} must be an int, not {type(value).__name__} ({value!r})")
         if value < 1:
-            raise ValueError(f"fit_batch: {name} must be at least 1, not {value}")
+            raise ArgumentError(f"fit_batch: {name} must be at least 1, not {value}")
     assert isinstance(batch, int) and isinstance(min_batch, int)
     if min_batch > batch:
-        raise ValueError(f"fit_batch: min_batch ({min_batch}) is larger than batch ({batch})")
+        raise ArgumentError(f"fit_batch: min_batch ({min_batch}) is larger than batch ({batch})")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from .api import limits, pressure, status
 from .errors import ApsiMemoryError
+from .units import seconds
 
 COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
 
@@ -24,9 +25,27 @@ def _parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text)
         command.add_argument("--json", action="store_true", help="print one JSON object per reading")
     watch = sub.choices["pressure"]
-    watch.add_argument("--watch", type=float, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
-    watch.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N readings")
+    watch.add_argument("--watch", type=_seconds, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
+    watch.add_argument("--count", type=_count, metavar="N", help="with --watch: stop after N readings")
     return parser
+
+
+def _seconds(text: str) -> float:
+    """``--watch``: a number of seconds above 0 that the platform can wait (not nan, inf or 1e300)."""
+    try:
+        return seconds(float(text), "SECONDS")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"N must be a whole number of readings, at least 1, not {text!r}")
+    return count
 
 
 def _show(reading: object, as_json: bool) -> None:
@@ -34,12 +53,12 @@ def _show(reading: object, as_json: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     read = COMMANDS[args.command]
     watch = getattr(args, "watch", None)
-    if watch is not None and watch <= 0:
-        print("apsi-memory: --watch needs a number of seconds above 0", file=sys.stderr)
-        return 2
+    if getattr(args, "count", None) is not None and watch is None:
+        parser.error("--count counts the readings of --watch: give --watch SECONDS too")
     try:
         _show(read(), args.json)
         shown = 1

@@ -27,7 +27,10 @@ threshold does not flap between two levels on every allocation.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from .errors import ArgumentError
 
 
 class Level(str, enum.Enum):
@@ -51,7 +54,7 @@ class Level(str, enum.Enum):
             return cls(value)
         except ValueError:
             names = ", ".join(level.value for level in cls)
-            raise ValueError(f"unknown pressure level {value!r}; use one of {names}") from None
+            raise ArgumentError(f"unknown pressure level {value!r}; use one of {names}") from None
 
     def __lt__(self, other: object) -> bool:
         return self.rank < Level.parse(other).rank  # type: ignore[arg-type]
@@ -94,12 +97,24 @@ LEVEL_TABLE: dict[Level, Thresholds] = {
 }
 
 
-def _enters(t: Thresholds, free: float, some: float, full: float) -> bool:
-    return free <= t.enter_free or some >= t.enter_some or full >= t.enter_full
+def _past(free_at: float, some_at: float, full_at: float, free: float, some: float, full: float) -> list[str]:
+    """The signals at or past these numbers, named as the text shows them: ``free ≤ 30 %``, ``some ≥ 5 %``."""
+    signals = []
+    if free <= free_at:
+        signals.append(f"free ≤ {free_at * 100:g} %")
+    if some >= some_at:
+        signals.append(f"some ≥ {some_at:g} %")
+    if full >= full_at:
+        signals.append(f"full ≥ {full_at:g} %")
+    return signals
 
 
-def _stays(t: Thresholds, free: float, some: float, full: float) -> bool:
-    return free <= t.leave_free or some >= t.leave_some or full >= t.leave_full
+def _enters(t: Thresholds, free: float, some: float, full: float) -> list[str]:
+    return _past(t.enter_free, t.enter_some, t.enter_full, free, some, full)
+
+
+def _stays(t: Thresholds, free: float, some: float, full: float) -> list[str]:
+    return _past(t.leave_free, t.leave_some, t.leave_full, free, some, full)
 
 
 def pressure_level(free_fraction: float, some: float | None = None, full: float | None = None,
@@ -119,6 +134,19 @@ def pressure_level(free_fraction: float, some: float | None = None, full: float 
         if level <= previous and _stays(row, free_fraction, some_pct, full_pct):
             held = level
     return max(entered, held, key=lambda level: level.rank)
+
+
+def pressure_cause(level: Level, free_fraction: float, some: float | None = None,
+                   full: float | None = None) -> str | None:
+    """Which signal set ``level`` (as ``pressure_level`` gave it for this reading): ``some ≥ 5 %``, ``free ≤ 20 %
+    and full ≥ 10 %``, or for a level held by hysteresis ``free ≤ 25 % (held)``. None at ``ok``: nothing did."""
+    if level == Level.OK:
+        return None
+    row, some_pct, full_pct = LEVEL_TABLE[level], some or 0.0, full or 0.0
+    entered = _enters(row, free_fraction, some_pct, full_pct)
+    if entered:
+        return " and ".join(entered)
+    return " and ".join(_stays(row, free_fraction, some_pct, full_pct)) + " (held)"
 
 
 # -- budget ------------------------------------------------------------------------------------------------------
@@ -181,3 +209,98 @@ def ram_tier_limit(asked_bytes: int, level: Level) -> int:
 def halve_batch(batch: int) -> int:
     """The next batch to try after an out-of-memory error: 512 -> 256, 511 -> 255, 1 -> 0."""
     return batch // 2
+
+
+# -- memory limits -----------------------------------------------------------------------------------------------
+#
+# What caps a group's memory, per cgroup version. ``memory.high`` counts: above it the kernel throttles and
+# reclaims hard, which for planning is a wall. v1's ``hierarchical_memory_limit`` (a ``memory.stat`` line) brings
+# in parents a container cannot see above its mount root.
+#
+# What is NOT a limit, and so is never read as one (dask's worker counts both; we do not): v1's
+# ``memory.soft_limit_in_bytes`` is a reclaim target under global pressure — a group may run far past it and is
+# not killed for it; v2's ``memory.low`` and ``memory.min`` are protections (memory the kernel tries not to, or
+# will not, reclaim from the group) — a floor, not a cap. Counting them would shrink usable memory on a machine
+# with room to spare.
+V1_LIMIT_FILES = ("memory.limit_in_bytes",)
+V1_STAT_LIMIT = "hierarchical_memory_limit"
+V2_LIMIT_FILES = ("memory.max", "memory.high")
+NOT_LIMITS = ("memory.soft_limit_in_bytes", "memory.low", "memory.min")
+
+
+@dataclass(frozen=True)
+class GroupLevel:
+    """One level of a memory cgroup, the numbers as its files say them; None where a file is missing."""
+
+    limits: tuple[tuple[int | None, str], ...]  # (raw value, file) of each limit file; v2's ``max`` is None
+    usage: int | None  # memory.current / memory.usage_in_bytes: None where the controller is not on this level
+    inactive_file: int  # from memory.stat; 0 where it is missing
+
+
+@dataclass(frozen=True)
+class GroupMemory:
+    """What a hierarchy of levels allows: the smallest limit and the least headroom up it."""
+
+    limit: int | None  # None when unlimited
+    limit_file: str | None  # the file that set it
+    working_set: int  # of the nearest level with a usage file, clamped to [0, limit]
+    free: int | None  # None when unlimited
+
+
+def effective_limit(value: int | None, physical: int) -> int | None:
+    """A limit file's value as a limit, or None for none. A negative value is unlimited (v1 prints -1 in some files
+    and kernels; there is no negative memory). v1 has no "unlimited" keyword either: it prints a huge page-aligned
+    number that depends on the page size (0x7FFFFFFFFFFFF000 with 4 KiB pages, ...FF0000 with 64 KiB). Any limit at
+    or above the RAM there is is none."""
+    return None if value is None or value < 0 or value >= physical else value
+
+
+def smallest_limit(candidates: Sequence[tuple[int | None, str]], physical: int) -> tuple[int | None, str | None]:
+    """The smallest real limit among (value, file) pairs and its file; (None, None) when none limits."""
+    limit, limit_file = None, None
+    for raw, path in candidates:
+        value = effective_limit(raw, physical)
+        if value is not None and (limit is None or value < limit):
+            limit, limit_file = value, path
+    return limit, limit_file
+
+
+def working_set(usage: int, inactive_file: int, limit: int | None) -> int:
+    """Usage without the page cache the kernel would drop first, so a big cache does not read as pressure."""
+    ws = max(0, usage - max(0, inactive_file))
+    return ws if limit is None else min(ws, limit)
+
+
+def combine_levels(levels: Sequence[GroupLevel], physical: int) -> GroupMemory | None:
+    """Levels from the group up to the top visible one. The smallest limit wins, and the least headroom (a level's
+    limit minus its own working set). A level without a usage file (v2: its parent's ``cgroup.subtree_control``
+    does not hand ``memory`` down; the kernel charges the nearest ancestor that has it) still limits; the working
+    set is the nearest level's that has one. None only when no level has a usage file: no memory controller."""
+    used = [level for level in levels if level.usage is not None]
+    if not used:
+        return None
+    limit, limit_file, free = None, None, None
+    for level in levels:
+        level_limit, level_file = smallest_limit(level.limits, physical)
+        if level_limit is None:
+            continue
+        if limit is None or level_limit < limit:
+            limit, limit_file = level_limit, level_file
+        if level.usage is not None:  # a level whose usage cannot be read limits, but its headroom is unknown
+            headroom = level_limit - working_set(level.usage, level.inactive_file, level_limit)
+            free = headroom if free is None else min(free, headroom)
+    nearest = working_set(used[0].usage or 0, used[0].inactive_file, limit)
+    if limit is not None:  # the smallest limit may sit on a level without usage: bound it by the nearest charge
+        free = limit - nearest if free is None else min(free, limit - nearest)
+    return GroupMemory(limit, limit_file, nearest, free)
+
+
+def usable_memory(host_total: int, limit: int | None) -> int:
+    """What the kernel lets this process use before it is killed: the smaller of RAM and the cgroup limit."""
+    return host_total if limit is None else min(host_total, limit)
+
+
+def free_memory(host_available: int, group_free: int | None, usable: int) -> int:
+    """The smaller of the host's available memory and the cgroup's headroom, within [0, usable]."""
+    free = host_available if group_free is None else min(host_available, group_free)
+    return max(0, min(free, usable))

@@ -22,6 +22,7 @@ classes below; the README shows the same drawing)::
     └── BatchTooSmallError(MemoryError)
     UserWarning
     ├── TamperWarning
+    ├── BudgetWarning
     ├── UnloadableWarning
     ├── OldEntryWarning
     └── NotCachedWarning
@@ -112,3 +113,7 @@ class OldEntryWarning(UserWarning):
 
 class NotCachedWarning(UserWarning):
     """``@cached`` returned its result but could not keep it (a full disk)."""
+
+
+class BudgetWarning(UserWarning):
+    """``budget()`` was set above the memory this process may use; arrays are still placed by what is free."""

@@ -1,48 +1,34 @@
 """Content digests for ``@cached`` keys: arguments and function code, stable across restarts.
 
-NumPy arrays are hashed by their bytes with SHA-256 (the CPU's SHA extensions make it ~1.7 GB/s a core here,
-2.4x joblib's MD5-over-pickle) and, past 128 MiB, in 64 MiB pieces on all cores: ``hashlib`` releases the GIL
-while it hashes, so threads add up. The digest of a big array is the hash of its pieces' digests (a two-level
-tree); it is only ever compared with digests made the same way. Everything else is pickled into the hash, with
-arrays inside containers hashed the same way out of band (no copy into the pickle) and sets sorted, so the same
-value gives the same digest in every process.
+Every digest is XXH3-128 (the ``xxhash`` package): a cache key must tell different arguments apart, which a
+128-bit hash does for values that were not crafted to collide, and it runs at memory speed — hashing, not the
+store, was the whole cost of a hit with a big array argument. It is not a MAC and need not be: a key only
+decides which stored entry to look at, and every stored entry is signed on its own (``signing``), so a crafted
+collision can at worst return another cached result of the same function, never run foreign code. NumPy arrays
+are hashed by dtype, shape and their bytes in C order in one pass (it runs at the memory's
+speed, so threads would not add up). Everything else is pickled into the hash, with arrays inside containers hashed
+the same way out of band (no copy into the pickle) and sets sorted, so the same value gives the same digest in
+every process.
 """
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import types
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from xxhash import xxh3_128
 
-from .api import cores
 from .errors import ArgumentTypeError
-from .units import MiB
-
-PIECE_BYTES = 64 * MiB
-PARALLEL_FROM_BYTES = 2 * PIECE_BYTES
 
 
-def array_digest(array: np.ndarray, workers: int | None = None) -> bytes:
-    """SHA-256 of dtype, shape and bytes (C order; a non-contiguous array is copied once to get there)."""
+def array_digest(array: np.ndarray) -> bytes:
+    """XXH3-128 of dtype, shape and bytes (C order; a non-contiguous array is copied once to get there)."""
     contiguous = np.ascontiguousarray(array)
-    data = contiguous.reshape(-1).view(np.uint8).data
-    head = f"{contiguous.dtype.str}{contiguous.shape}".encode()
-    if len(data) < PARALLEL_FROM_BYTES:
-        return _sha(head, data)
-    pieces = [data[at:at + PIECE_BYTES] for at in range(0, len(data), PIECE_BYTES)]
-    with ThreadPoolExecutor(max_workers=workers or cores()) as pool:
-        digests = list(pool.map(lambda piece: hashlib.sha256(piece).digest(), pieces))
-    return _sha(head, b"tree" + b"".join(digests))
-
-
-def _sha(head: bytes, data: bytes | memoryview) -> bytes:
-    h = hashlib.sha256(head + b"|")
-    h.update(data)
+    h = xxh3_128(f"{contiguous.dtype.str}{contiguous.shape}|".encode())
+    h.update(contiguous.reshape(-1).view(np.uint8).data)
     return h.digest()
 
 
@@ -50,7 +36,7 @@ class _Sink:
     """A file-like ``write`` that feeds a hash, so pickling never builds the whole byte string."""
 
     def __init__(self) -> None:
-        self.hash = hashlib.sha256()
+        self.hash = xxh3_128()
 
     def write(self, data: bytes | memoryview) -> int:
         self.hash.update(data)
@@ -84,7 +70,7 @@ def value_digest(value: Any) -> bytes:
 def code_digest(code: types.CodeType) -> bytes:
     """What the function does: its bytecode, the names it uses and its constants (nested functions included).
     Line numbers are left out, so moving a function in its file keeps its cache."""
-    h = hashlib.sha256(code.co_code)
+    h = xxh3_128(code.co_code)
     h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
     for const in code.co_consts:
         h.update(code_digest(const) if isinstance(const, types.CodeType) else value_digest(const))
@@ -95,6 +81,6 @@ def function_digest(func: Callable[..., Any]) -> bytes:
     """Module, qualified name and code of ``func`` (the function under any decorators ``functools.wraps`` made)."""
     inner = getattr(func, "__wrapped__", func)
     code = getattr(inner, "__code__", None)
-    h = hashlib.sha256(f"{inner.__module__}\0{inner.__qualname__}\0".encode())
+    h = xxh3_128(f"{inner.__module__}\0{inner.__qualname__}\0".encode())
     h.update(code_digest(code) if code is not None else repr(inner).encode())
     return h.digest()

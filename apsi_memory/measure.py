@@ -10,6 +10,8 @@ from .adapters.cgroup import CgroupMemory, read_cgroup_memory, read_layout
 from .adapters.procfs import MemInfo, read_meminfo
 from .adapters.psi import Psi, read_psi
 from .adapters.root import resolve
+from .decide import free_memory, usable_memory
+from .errors import CorruptFileError
 
 
 @dataclass(frozen=True)
@@ -17,6 +19,8 @@ class MemoryReading:
     host: MemInfo
     cgroup: CgroupMemory | None
     psi: Psi | None
+    cgroup_problem: str | None = None  # why a group that exists was not read (the reading is the host's)
+    psi_problem: str | None = None  # why stalls are not available although a PSI file is there
 
     @property
     def limited(self) -> bool:
@@ -24,20 +28,12 @@ class MemoryReading:
 
     @property
     def usable(self) -> int:
-        """What the kernel lets this process use before it is killed: the smaller of RAM and the cgroup limit."""
-        if self.limited:
-            assert self.cgroup is not None and self.cgroup.limit is not None
-            return self.cgroup.limit
-        return self.host.total
+        return usable_memory(self.host.total, self.cgroup.limit if self.limited and self.cgroup else None)
 
     @property
     def free(self) -> int:
-        """The smaller of the host's available memory and the cgroup's headroom, within [0, usable]."""
-        free = self.host.available
-        if self.limited:
-            assert self.cgroup is not None and self.cgroup.free is not None
-            free = min(free, self.cgroup.free)
-        return max(0, min(free, self.usable))
+        group_free = self.cgroup.free if self.limited and self.cgroup else None
+        return free_memory(self.host.available, group_free, self.usable)
 
     @property
     def source(self) -> str:
@@ -57,4 +53,11 @@ def read_memory(root: str | None = None) -> MemoryReading:
     root = resolve(root)
     host = read_meminfo(root) or _host_from_psutil()
     layout = read_layout(root)
-    return MemoryReading(host, read_cgroup_memory(host.total, root, layout), read_psi(root, layout))
+    group = read_cgroup_memory(host.total, root, layout)
+    try:
+        psi, psi_problem = read_psi(root, layout), None
+    except CorruptFileError as exc:  # a stall reading we cannot parse must never hide the memory limit
+        psi, psi_problem = None, str(exc)
+    if isinstance(group, str):
+        return MemoryReading(host, None, psi, group, psi_problem)
+    return MemoryReading(host, group, psi, None, psi_problem)

@@ -29,6 +29,7 @@ import bisect
 import collections
 import contextlib
 import ctypes
+import math
 import mmap
 import numbers
 import os
@@ -42,7 +43,7 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.lib.format as npy_format
 
-from .errors import ChunkError, CorruptFileError
+from .errors import ChunkError, CorruptFileError, MissingExtraError
 from .units import MiB
 
 PAGE = mmap.PAGESIZE
@@ -615,6 +616,8 @@ def read_npy_header(path: str) -> NpyHeader:
             shape, fortran_order, dtype = reader(f)
         except ValueError as exc:
             raise CorruptFileError(path, f"unreadable .npy header ({exc})") from None
+        if any(not 0 <= dim <= sys.maxsize for dim in shape):  # one 0 would hide any other in the size check
+            raise CorruptFileError(path, f"the header's shape {shape} has a negative or impossibly large dimension")
         header = NpyHeader(path, shape, dtype, fortran_order, f.tell())
         _check_npy_size(header, os.fstat(f.fileno()).st_size)
     return header
@@ -625,7 +628,7 @@ def _check_npy_size(header: NpyHeader, file_size: int) -> None:
         raise ChunkError(f"{header.path}: holds Python objects (dtype {header.dtype}), which .npy stores pickled; "
                          "apsi never unpickles a file it did not write. If you trust the file, load it with "
                          "np.load(path, allow_pickle=True) and pass the array")
-    needed = header.data_offset + int(np.prod(header.shape, dtype=np.int64)) * header.dtype.itemsize
+    needed = header.data_offset + math.prod(header.shape) * header.dtype.itemsize  # Python ints: no overflow
     if file_size < needed:
         raise CorruptFileError(header.path, f"truncated: the header promises {header.shape} {header.dtype} "
                                             f"({needed} bytes with the header) but the file has {file_size} bytes")
@@ -634,7 +637,7 @@ def _check_npy_size(header: NpyHeader, file_size: int) -> None:
 def open_npy(header: NpyHeader) -> np.ndarray:
     """The file's array, memory-mapped read-only (no copy; an empty array needs no mapping)."""
     order: Literal["C", "F"] = "F" if header.fortran_order else "C"
-    if int(np.prod(header.shape, dtype=np.int64)) * header.dtype.itemsize == 0:
+    if math.prod(header.shape) * header.dtype.itemsize == 0:
         return np.empty(header.shape, dtype=header.dtype, order=order)
     return np.memmap(header.path, dtype=header.dtype, mode="r", offset=header.data_offset,
                      shape=header.shape, order=order)
@@ -733,6 +736,6 @@ def progress_bar(show: bool, total_rows: int, what: str) -> Progress:
     try:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:
-        raise ImportError("progress=True needs tqdm: pip install 'apsi-memory[progress]'") from None
+        raise MissingExtraError("progress=True needs tqdm: pip install 'apsi-memory[progress]'") from None
     bar: Progress = tqdm(total=total_rows, unit=" rows", unit_scale=True, desc=what)
     return bar

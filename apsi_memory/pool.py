@@ -42,7 +42,7 @@ import numpy as np
 from . import api, reactions
 from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
 from .decide import Level
-from .errors import PoolError
+from .errors import ArgumentTypeError, PoolError
 from .units import fmt_mb, parse_size
 
 PAGE = mmap.PAGESIZE
@@ -199,6 +199,9 @@ class Pool:
         """An array of ``shape`` and ``dtype`` on an already-mapped spare when one fits, else on fresh memory.
 
         ``zero=True`` gives zeros; ``zero=False`` whatever the buffer held (faster when you overwrite it all)."""
+        if not isinstance(zero, (bool, np.bool_)):  # "no" would read as True
+            raise ArgumentTypeError(f"take: zero must be True or False, not {type(zero).__name__} ({zero!r})")
+        zero = bool(zero)
         dims, kind = normalize_shape(shape), normalize_dtype(dtype)
         nbytes = nbytes_of(dims, kind)
         self._level = api.current_level()  # an allocation path: may also tell us (on_level) to drop spares

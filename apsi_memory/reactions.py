@@ -65,7 +65,9 @@ class LevelTracker:
     """The last measured level, re-measured at most every ``RECHECK_SECONDS`` of the injected clock.
 
     ``measure(previous)`` returns the level for a fresh reading (the previous level is passed in for the table's
-    hysteresis). A change is announced through ``notify``.
+    hysteresis). Readings are taken outside the lock (they read files), so two may overlap: each takes a ticket
+    when it starts and only a reading newer than the last published one is published, so a slow older reading
+    never overwrites a newer one. A change is announced through ``notify``.
     """
 
     def __init__(self, measure: Callable[[Level], Level], clock: Callable[[], float] = time.monotonic) -> None:
@@ -74,6 +76,8 @@ class LevelTracker:
         self.level = Level.OK
         self.measured_at: float | None = None
         self.measurements = 0
+        self._issued = 0  # tickets handed to readings, in the order they started
+        self._published = 0  # the ticket of the reading ``level`` comes from
         self._lock = threading.Lock()
 
     def current(self) -> Level:
@@ -83,14 +87,35 @@ class LevelTracker:
             if fresh:
                 return self.level
             self.measured_at = now
-            previous = self.level
-        return self.update(self.measure(previous), previous)
+            ticket, previous = self._start()
+        return self.publish(ticket, self.measure(previous))
 
-    def update(self, level: Level, previous: Level | None = None) -> Level:
+    def begin(self) -> tuple[int, Level]:
+        """Start a reading taken elsewhere: its ticket for ``publish``, and the level to use as the previous one."""
         with self._lock:
-            previous = self.level if previous is None else previous
-            self.level = level
+            return self._start()
+
+    def _start(self) -> tuple[int, Level]:
+        self._issued += 1
+        return self._issued, self.level
+
+    def publish(self, ticket: int, level: Level) -> Level:
+        """Record the level read under ``ticket`` unless a newer reading was published; returns the level now."""
+        with self._lock:
             self.measurements += 1
-        if level != previous:
+            changed = ticket > self._published and level != self.level
+            if ticket > self._published:
+                self._published, self.level = ticket, level
+        if changed:
+            self._announce(level)
+        return self.level
+
+    def _announce(self, level: Level) -> None:
+        # Announcements run outside the lock (components take their own locks), so two may cross: whoever
+        # announced last checks that what it said is still the newest level and says the newest one otherwise.
+        while True:
             notify(level)
-        return level
+            with self._lock:
+                if self.level == level:
+                    return
+                level = self.level

@@ -8,9 +8,11 @@ so a number read back from ``budget()`` can be passed to it again unchanged.
 from __future__ import annotations
 
 import math
+import numbers
 import re
+from threading import TIMEOUT_MAX
 
-from .errors import SizeError
+from .errors import ArgumentError, ArgumentTypeError, SizeError
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -57,6 +59,26 @@ def _checked(value: float, factor: int, shown: str) -> int:
     if size >= 2**63:
         raise SizeError(f"size {shown} is larger than any machine's memory")
     return int(size)
+
+
+MAX_SECONDS = TIMEOUT_MAX  # the longest wait the platform can do: a longer one overflows (292 years on Linux)
+
+
+def seconds(value: object, name: str) -> float:
+    """``value`` as a number of seconds to wait: a real number above 0 and at most ``MAX_SECONDS``.
+
+    ``ArgumentTypeError`` for a string or bool, ``ArgumentError`` for 0, negative, NaN, inf or too large; both
+    name ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a number of seconds, not {type(value).__name__} ({value!r})")
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        number = math.inf
+    if not 0 < number <= MAX_SECONDS:  # NaN fails every comparison
+        raise ArgumentError(f"{name} must be a number of seconds above 0 and at most {MAX_SECONDS:.0f}, "
+                            f"not {value!r}")
+    return number
 
 
 def gb(n_bytes: float) -> float:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from . import api, reactions
 from .api import Pressure
 from .decide import Level
+from .errors import ArgumentTypeError
+from .units import seconds
 
 POLL_SECONDS = 0.1
 
@@ -46,13 +48,11 @@ class Watcher:
                  repeat: float = 10.0, read: Callable[[], Pressure] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not callable(fn):
-            raise TypeError(f"on_pressure needs a function to call, not {type(fn).__name__}")
-        if not every > 0 or not repeat > 0:
-            raise ValueError(f"every ({every!r}) and repeat ({repeat!r}) must be positive numbers of seconds")
+            raise ArgumentTypeError(f"on_pressure needs a function to call, not {type(fn).__name__}")
         self.fn = fn
         self.level = Level.parse(level)
-        self.every = every
-        self.repeat = repeat
+        self.every = seconds(every, "on_pressure: every")
+        self.repeat = seconds(repeat, "on_pressure: repeat")
         self.read = read or api.pressure  # a reading also tells the components of a new level
         self.clock = clock
         self.checks = 0  # readings taken

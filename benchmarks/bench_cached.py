@@ -1,5 +1,5 @@
-"""@memory.cached against joblib.Memory, in one run: the cost of a hit (small arguments; a 1 MiB array argument)
-and hashing a 1 GiB array (memory.hashing.array_digest against joblib.hash, which is what joblib.Memory does to
+"""@memory.cached against joblib.Memory, in one run: the cost of a hit (small arguments; a 1 MiB and a 100 MiB
+array argument) and hashing a 1 GiB array (memory.hashing.array_digest against joblib.hash, which is what joblib.Memory does to
 an array argument on every call).
 
     .venv/bin/python -m pytest benchmarks/bench_cached.py --benchmark-only -s
@@ -80,6 +80,18 @@ def test_hit_1mib_array_argument(benchmark: Any, peer: str, environment: Any) ->
 
     benchmark.pedantic(calls, rounds=5, iterations=1)
     _record(benchmark, "hit, 1 MiB array argument", peer, len(arrays))
+
+
+@pytest.mark.parametrize("peer", ["joblib.Memory", "memory.cached"])
+def test_hit_100mib_array_argument(benchmark: Any, peer: str, environment: Any) -> None:
+    def total(a: np.ndarray) -> float:
+        return float(a.sum())
+
+    big = np.random.default_rng(1).random(100 << 17)  # 100 MiB of float64
+    f = wrap(peer, total, environment)
+    f(big)
+    benchmark.pedantic(f, args=(big,), rounds=7, iterations=1)
+    _record(benchmark, "hit, 100 MiB array argument", peer, 1)
 
 
 @pytest.fixture(scope="module")

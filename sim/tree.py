@@ -3,8 +3,9 @@
 A ``SimTree`` writes the same files, in the same formats, that the kernel shows; the adapters read them through
 their ``root`` argument (or ``APSI_FS_ROOT`` for a subprocess), exactly as they read ``/``. The scenario functions
 at the bottom build the machines users run on: a bare host, Docker on cgroup v1, a Kubernetes pod on v2, a systemd
-slice whose parent has the smaller limit, a cgroup namespace, a hybrid v1+v2 host, PSI disabled, and v1 with 64 KiB
-pages.
+slice whose parent has the smaller limit, a cgroup namespace, a hybrid v1+v2 host, PSI disabled, v1 with 64 KiB
+pages, a service without the memory controller under a limited slice, a process outside the reader's cgroup
+namespace, and a group that is not under its mount's root.
 """
 
 from __future__ import annotations
@@ -202,3 +203,37 @@ def v1_unlimited_64k(root: str | os.PathLike[str]) -> SimTree:
     tree.mount("/sys/fs/cgroup/memory", "cgroup", "memory").member("4:memory:/user.slice")
     tree.v1_group("/sys/fs/cgroup/memory", page_size=65536)
     return tree.v1_group("/sys/fs/cgroup/memory/user.slice", usage=3 * GiB, page_size=65536)
+
+
+def service_without_memory_controller(root: str | os.PathLike[str], slice_limit: int = 1 * GiB,
+                                      slice_usage: int = 256 * MiB) -> SimTree:
+    """``MemoryMax=1G`` on a slice, a service under it with CPU accounting only: the slice's
+    ``cgroup.subtree_control`` does not hand ``memory`` down, so the service has no memory files and the kernel
+    charges (and limits) the slice. A big host, as on the capture the issue came from."""
+    tree = _machine(root, total=2048 * GiB, available=2000 * GiB)
+    tree.mount("/sys/fs/cgroup", "cgroup2", "nsdelegate").member("0::/batch.slice/job.service")
+    tree.v2_group("/sys/fs/cgroup/batch.slice", limit=slice_limit, current=slice_usage)
+    tree.write("/sys/fs/cgroup/batch.slice/cgroup.subtree_control", "cpu pids\n")
+    tree.write("/sys/fs/cgroup/batch.slice/job.service/cgroup.controllers", "cpu pids\n")
+    tree.write("/sys/fs/cgroup/batch.slice/job.service/cpu.max", "max 100000\n")
+    return tree
+
+
+def outside_namespace(root: str | os.PathLike[str], mount_root: str = "/") -> SimTree:
+    """A process in another cgroup namespace than the reader's: ``/proc/self/cgroup`` climbs with ``..``. A group
+    with a 1 GiB limit sits where that path would lead outside ``/sys/fs/cgroup``, a trap for a reader that climbs;
+    with ``mount_root="/../.."`` the mount shows the group (a 2 GiB limit there)."""
+    group = "/user-1000.slice/session-520.scope"
+    tree = _machine(root).mount("/sys/fs/cgroup", "cgroup2", "nsdelegate", root=mount_root)
+    tree.member(f"0::/../..{group}")
+    tree.v2_group(f"/sys{group}", limit=1 * GiB, current=100 * MiB)  # outside the mount: must never be read
+    relative = group if mount_root == "/../.." else ""
+    return tree.v2_group(f"/sys/fs/cgroup{relative}", limit=2 * GiB, current=100 * MiB)
+
+
+def group_not_under_mount_root(root: str | os.PathLike[str], limit: int = 1 * GiB) -> SimTree:
+    """v1: ``/proc/self/cgroup`` names a group the memory mount (root ``/docker/3f2a``) does not show. The JVM reads
+    the mount point; so do we, and say so."""
+    tree = _machine(root).mount("/sys/fs/cgroup/memory", "cgroup", "memory", root="/docker/3f2a")
+    tree.member("4:memory:/system.slice/other.service")
+    return tree.v1_group("/sys/fs/cgroup/memory", limit=limit, usage=100 * MiB)

@@ -180,17 +180,14 @@ def test_sets_hash_the_same_in_every_process(home):
     assert len(digests) == 1 and digests != {""}
 
 
-def test_big_arrays_hash_in_pieces_and_still_by_content(monkeypatch):
-    from apsi_memory import hashing
-
-    monkeypatch.setattr(hashing, "PIECE_BYTES", 4096)
-    monkeypatch.setattr(hashing, "PARALLEL_FROM_BYTES", 8192)
+def test_arrays_hash_by_every_byte_dtype_and_shape():
     a = np.arange(10_000, dtype=np.int64)
     b = a.copy()
-    b[9_999] = 0  # in the last piece
+    b[9_999] = 0  # the last byte counts as much as the first
     assert array_digest(a) == array_digest(a.copy()) != array_digest(b)
-    assert array_digest(a, workers=1) == array_digest(a, workers=4)
     assert array_digest(a[::2]) == array_digest(np.ascontiguousarray(a[::2]))
+    assert array_digest(a) != array_digest(a.reshape(100, 100)) != array_digest(a.view(np.float64))
+    assert array_digest(a.reshape(100, 100).T) != array_digest(a.reshape(100, 100))  # C-order bytes differ
 
 
 def test_arrays_inside_containers_are_hashed_by_content():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -133,3 +134,136 @@ def test_eviction_target_and_ram_tier_by_level() -> None:
 @pytest.mark.parametrize(("batch", "half"), [(512, 256), (511, 255), (3, 1), (1, 0)])
 def test_halving(batch: int, half: int) -> None:
     assert decide.halve_batch(batch) == half
+
+
+# -- memory limits (the rules adapters/cgroup.py used to hold) -----------------------------------------------------
+
+LIMIT_RULES = ["effective_limit", "smallest_limit", "working_set", "combine_levels", "usable_memory", "free_memory",
+               "pressure_cause"]
+
+
+def test_limit_rules_live_in_decide_and_not_in_the_adapters() -> None:
+    adapters = Path(decide.__file__).parent / "adapters"
+    for module in ("cgroup.py", "psi.py"):
+        tree = ast.parse((adapters / module).read_text())
+        defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+        assert not defined & set(LIMIT_RULES), f"adapters/{module} defines {defined & set(LIMIT_RULES)}"
+        literals = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)}
+        assert "memory.high" not in literals, "which files are limits is decide's rule"
+    assert all(getattr(decide, name).__module__ == "apsi_memory.decide" for name in LIMIT_RULES)
+
+
+PHYSICAL = 64 << 30
+
+
+def test_negative_and_v1_unlimited_and_at_or_above_ram_are_no_limit() -> None:
+    assert decide.effective_limit(-1, PHYSICAL) is None  # v1's -1
+    assert decide.effective_limit(0x7FFFFFFFFFFFF000, PHYSICAL) is None
+    assert decide.effective_limit(PHYSICAL, PHYSICAL) is None
+    assert decide.effective_limit(None, PHYSICAL) is None
+    assert decide.effective_limit(4 << 30, PHYSICAL) == 4 << 30
+
+
+def test_memory_high_counts_as_a_limit_and_reclaim_targets_do_not() -> None:
+    assert "memory.high" in decide.V2_LIMIT_FILES and "memory.max" in decide.V2_LIMIT_FILES
+    limit_files = set(decide.V1_LIMIT_FILES) | set(decide.V2_LIMIT_FILES) | {decide.V1_STAT_LIMIT}
+    assert not limit_files & set(decide.NOT_LIMITS)
+    assert decide.smallest_limit([(None, "memory.max"), (2 << 30, "memory.high")], PHYSICAL) == (
+        2 << 30, "memory.high")
+
+
+def test_working_set_subtracts_inactive_cache_and_is_clamped() -> None:
+    assert decide.working_set(3000, 1000, limit=None) == 2000
+    assert decide.working_set(1000, 3000, limit=None) == 0  # never below zero
+    assert decide.working_set(9000, 0, limit=4000) == 4000  # never above the limit
+    assert decide.working_set(1000, -5, limit=None) == 1000  # a negative cache count adds nothing
+
+
+@given(st.integers(-2**62, 2**62), st.integers(-2**62, 2**62), st.one_of(st.none(), st.integers(0, 2**62)))
+def test_working_set_is_within_bounds(usage: int, inactive: int, limit: int | None) -> None:
+    ws = decide.working_set(usage, inactive, limit)
+    assert 0 <= ws <= max(0, usage) and (limit is None or ws <= limit)
+
+
+raw_limits = st.one_of(st.none(), st.just(-1), st.integers(0, 2 * PHYSICAL))
+group_levels = st.builds(
+    decide.GroupLevel,
+    limits=st.lists(raw_limits, min_size=0, max_size=3).map(
+        lambda values: tuple((value, f"file{i}") for i, value in enumerate(values))),
+    usage=st.one_of(st.none(), st.integers(0, 2 * PHYSICAL)),
+    inactive_file=st.integers(0, PHYSICAL),
+)
+
+
+def _real_limits(levels: list[decide.GroupLevel]) -> list[int]:
+    return [value for level in levels for value, _ in level.limits
+            if value is not None and 0 <= value < PHYSICAL]
+
+
+@given(st.lists(group_levels, min_size=1, max_size=6))
+def test_the_smallest_limit_up_the_hierarchy_always_wins(levels: list[decide.GroupLevel]) -> None:
+    group = decide.combine_levels(levels, PHYSICAL)
+    if all(level.usage is None for level in levels):
+        assert group is None  # no memory controller on any level: nothing to read
+        return
+    assert group is not None
+    real = _real_limits(levels)
+    assert group.limit == (min(real) if real else None)
+    if group.limit is None:
+        assert group.free is None and group.limit_file is None
+    else:
+        assert group.free is not None and 0 <= group.free <= group.limit
+        assert 0 <= group.working_set <= group.limit and group.limit_file is not None
+
+
+@given(group_levels, st.lists(group_levels, min_size=1, max_size=5), st.integers(0, PHYSICAL))
+def test_a_missing_leaf_usage_never_loses_a_parents_limit(leaf: decide.GroupLevel, parents: list[decide.GroupLevel],
+                                                          usage: int) -> None:
+    parents = [*parents[:-1], dataclasses.replace(parents[-1], usage=usage)]  # some level has the controller
+    without = decide.combine_levels([dataclasses.replace(leaf, usage=None), *parents], PHYSICAL)
+    with_usage = decide.combine_levels([dataclasses.replace(leaf, usage=usage), *parents], PHYSICAL)
+    assert without is not None and with_usage is not None
+    assert without.limit == with_usage.limit
+    parent_limits = _real_limits(parents)
+    assert parent_limits == [] or (without.limit is not None and without.limit <= min(parent_limits))
+
+
+def test_a_leaf_without_usage_is_charged_to_the_nearest_level_with_one() -> None:
+    leaf = decide.GroupLevel(limits=(), usage=None, inactive_file=0)
+    parent = decide.GroupLevel(limits=((1 << 30, "slice/memory.max"),), usage=256 << 20, inactive_file=0)
+    assert decide.combine_levels([leaf, parent], PHYSICAL) == decide.GroupMemory(
+        1 << 30, "slice/memory.max", 256 << 20, (1 << 30) - (256 << 20))
+
+
+@given(st.integers(1, PHYSICAL), st.integers(0, PHYSICAL), st.one_of(st.none(), st.integers(-PHYSICAL, PHYSICAL)),
+       st.one_of(st.none(), st.integers(1, 2 * PHYSICAL)))
+def test_usable_is_the_smaller_and_free_is_within_it(total: int, available: int, group_free: int | None,
+                                                     limit: int | None) -> None:
+    usable = decide.usable_memory(total, limit)
+    assert usable == min(total, limit if limit is not None else total)
+    assert 0 <= decide.free_memory(available, group_free, usable) <= min(usable, available)
+
+
+# -- why a level --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("free", "some", "full", "previous", "cause"), [
+    (0.95, 6.3, 0.0, Level.OK, "some ≥ 5 %"),  # the issue's example
+    (0.22, None, None, Level.OK, "free ≤ 30 %"),
+    (0.15, 16.0, 12.0, Level.OK, "free ≤ 20 % and some ≥ 15 % and full ≥ 10 %"),
+    (0.9, 0.0, 31.0, Level.OK, "full ≥ 30 %"),
+    (0.22, None, None, Level.HIGH, "free ≤ 25 % (held)"),  # hysteresis keeps high until 25 % free
+    (0.9, 10.0, None, Level.HIGH, "some ≥ 7.5 % (held)"),
+    (0.99, 0.0, 0.0, Level.OK, None),
+])
+def test_pressure_names_the_signal_that_set_its_level(free: float, some: float | None, full: float | None,
+                                                      previous: Level, cause: str | None) -> None:
+    level = pressure_level(free, some, full, previous)
+    assert decide.pressure_cause(level, free, some, full) == cause
+
+
+@given(fractions, shares, shares, levels)
+def test_every_level_above_ok_has_a_cause(free: float, some: float | None, full: float | None,
+                                          previous: Level) -> None:
+    level = pressure_level(free, some, full, previous)
+    cause = decide.pressure_cause(level, free, some, full)
+    assert (cause is None) == (level == Level.OK)

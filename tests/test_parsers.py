@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from apsi_memory import CorruptFileError
 from apsi_memory.adapters import cgroup, procfs, psi
-from apsi_memory.adapters.cgroup import effective_limit, parse_limit, working_set
+from apsi_memory.adapters.cgroup import parse_limit
+from apsi_memory.decide import effective_limit
 from sim.tree import v1_unlimited
 
 PARSERS: list[Callable[[str], object]] = [
@@ -32,7 +33,7 @@ def test_arbitrary_text_parses_or_raises_the_named_error(parse: Callable[[str], 
 @given(st.text())
 def test_limits_are_never_negative(text: str) -> None:
     try:
-        value = parse_limit(text, "memory.limit_in_bytes")
+        value = effective_limit(parse_limit(text, "memory.limit_in_bytes"), physical=64 << 30)
     except CorruptFileError:
         return
     assert value is None or value >= 0
@@ -93,14 +94,3 @@ def test_v1_unlimited_is_no_limit_whatever_the_page_size(page_size: int) -> None
     assert effective_limit(4 << 30, physical=64 << 30) == 4 << 30
     assert effective_limit(64 << 30, physical=64 << 30) is None  # at physical RAM: no real limit
 
-
-def test_working_set_subtracts_inactive_cache_and_is_clamped() -> None:
-    assert working_set(3000, 1000, limit=None) == 2000
-    assert working_set(1000, 3000, limit=None) == 0  # never below zero
-    assert working_set(9000, 0, limit=4000) == 4000  # never above the limit
-
-
-@given(st.integers(0, 2**62), st.integers(0, 2**62), st.one_of(st.none(), st.integers(0, 2**62)))
-def test_working_set_is_within_bounds(usage: int, inactive: int, limit: int | None) -> None:
-    ws = working_set(usage, inactive, limit)
-    assert 0 <= ws <= usage and (limit is None or ws <= limit)

@@ -8,8 +8,10 @@ by guessing fixed paths. Limits are re-read on every call: a pod can be resized 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..decide import V1_LIMIT_FILES, V1_STAT_LIMIT, V2_LIMIT_FILES, GroupLevel, combine_levels
 from ..errors import CorruptFileError
 from .procfs import CgroupEntry, Mount, read_mountinfo, read_self_cgroup
 from .root import read_text, resolve
@@ -24,6 +26,7 @@ class CgroupMemory:
     limit_file: str | None  # the file that set it
     working_set: int  # usage minus inactive file cache, clamped to [0, limit]
     free: int | None  # smallest headroom up the hierarchy; None when unlimited
+    guessed: bool = False  # the group is not below any mount's root: read at the mount point (the JVM's choice)
 
 
 # -- pure parsing --------------------------------------------------------------------------------------------------
@@ -42,10 +45,7 @@ def parse_bytes(text: str, path: str) -> int:
         number = int(value)
     except ValueError:
         raise CorruptFileError(path, f"expected a byte count, got {value[:40]!r}") from None
-    if number < 0:
-        # v1 reports -1 for "unlimited" in some files and kernels; there is no negative memory.
-        return 2**63 - 1
-    return number
+    return number  # negative (v1's -1) is kept: decide.effective_limit reads it as unlimited
 
 
 def parse_memory_stat(text: str, path: str) -> dict[str, int]:
@@ -61,18 +61,6 @@ def parse_memory_stat(text: str, path: str) -> dict[str, int]:
     return stats
 
 
-def working_set(usage: int, inactive_file: int, limit: int | None) -> int:
-    """Usage without the page cache the kernel would drop first, so a big cache does not read as pressure."""
-    ws = max(0, usage - inactive_file)
-    return ws if limit is None else min(ws, limit)
-
-
-def effective_limit(value: int | None, physical: int) -> int | None:
-    """v1 has no "unlimited" keyword: it prints a huge page-aligned number that depends on the page size
-    (0x7FFFFFFFFFFFF000 with 4 KiB pages, ...FF0000 with 64 KiB). Any limit at or above the RAM there is is none."""
-    return None if value is None or value >= physical else value
-
-
 # -- finding the group ---------------------------------------------------------------------------------------------
 
 def _relative(path: str, mount_root: str) -> str | None:
@@ -83,8 +71,33 @@ def _relative(path: str, mount_root: str) -> str | None:
     return None
 
 
-def locate(entries: list[CgroupEntry], mounts: list[Mount], version: int) -> tuple[CgroupEntry, str, str] | None:
-    """(entry, group directory, mount point) for the memory hierarchy of ``version``, or None."""
+def _climbs(path: str) -> bool:
+    return ".." in path.split("/")
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a hierarchy's group is. ``problem`` set: the group cannot be read safely and is not read at all."""
+
+    entry: CgroupEntry
+    directory: str
+    mount_point: str
+    guessed: bool = False  # not below any mount's root: the mount point stands for the group (as the JVM reads)
+    problem: str | None = None
+
+
+def _best_mount(path: str, candidates: list[Mount]) -> tuple[Mount, str] | None:
+    """The mount whose root is the longest prefix of ``path`` (the deepest view of our group), the first on a tie."""
+    best: tuple[Mount, str] | None = None
+    for mount in candidates:
+        rel = _relative(path, mount.root)
+        if rel is not None and (best is None or len(mount.root) > len(best[0].root)):
+            best = mount, rel
+    return best
+
+
+def locate(entries: list[CgroupEntry], mounts: list[Mount], version: int) -> Location | None:
+    """The memory hierarchy's group of ``version``, or None where there is no such hierarchy."""
     if version == 1:
         entry = next((e for e in entries if "memory" in e.controllers), None)
         candidates = [m for m in mounts if m.fstype == "cgroup" and "memory" in m.super_options]
@@ -93,15 +106,17 @@ def locate(entries: list[CgroupEntry], mounts: list[Mount], version: int) -> tup
         candidates = [m for m in mounts if m.fstype == "cgroup2"]
     if entry is None or not candidates:
         return None
-    # The mount showing the deepest part of our path is the one our group lives in; a mount whose root is not on
-    # our path at all (a namespace shows our own group as its root) stands for the group itself.
-    best, rel = candidates[0], None
-    for mount in candidates:
-        candidate_rel = _relative(entry.path, mount.root)
-        if candidate_rel is not None and (rel is None or len(mount.root) > len(best.root)):
-            best, rel = mount, candidate_rel
-    directory = os.path.normpath(os.path.join(best.mount_point, (rel or "/").lstrip("/")))
-    return entry, directory, best.mount_point
+    found = _best_mount(entry.path, candidates)
+    # Outside the reader's cgroup namespace (``/../../user.slice/x.scope``): only a mount whose root has the same
+    # ``/..`` form shows it; anything else would resolve to a folder outside the mount.
+    if _climbs(entry.path) and (found is None or _climbs(found[1])):
+        return Location(entry, candidates[0].mount_point, candidates[0].mount_point, problem=(
+                f"group {entry.path} is outside this cgroup namespace and no mount shows it: not read"))
+    if found is None:
+        # Peers split here; the JVM reads the mount point, and so do we, but say so.
+        return Location(entry, candidates[0].mount_point, candidates[0].mount_point, guessed=True)
+    mount, rel = found
+    return Location(entry, os.path.normpath(os.path.join(mount.mount_point, rel.lstrip("/"))), mount.mount_point)
 
 
 def _levels(directory: str, mount_point: str) -> list[str]:
@@ -117,7 +132,7 @@ def _levels(directory: str, mount_point: str) -> list[str]:
 
 @dataclass(frozen=True)
 class _Files:
-    """File names that differ between the versions."""
+    """File names that differ between the versions; which ones are limits is decided in ``decide``."""
 
     limits: tuple[str, ...]
     usage: str
@@ -125,42 +140,27 @@ class _Files:
     stat_limit: str | None  # a limit kept in memory.stat
 
 
-# hierarchical_memory_limit includes ancestors a container cannot see above its mount root.
-V1 = _Files(("memory.limit_in_bytes",), "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"),
-            "hierarchical_memory_limit")
-# memory.high is where the kernel starts throttling and reclaiming hard: a limit for planning purposes.
-V2 = _Files(("memory.max", "memory.high"), "memory.current", ("inactive_file",), None)
+V1 = _Files(V1_LIMIT_FILES, "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"), V1_STAT_LIMIT)
+V2 = _Files(V2_LIMIT_FILES, "memory.current", ("inactive_file",), None)
 
 
-@dataclass(frozen=True)
-class _Level:
-    limit: int | None
-    limit_file: str | None
-    usage: int | None
-    working_set: int
-
-
-def _read_limit(root: str, path: str) -> int | None:
+def _read_number(root: str, path: str, parse: Callable[[str, str], int | None]) -> int | None:
     text = read_text(root, path)
-    return None if text is None else parse_limit(text, path)
+    return None if text is None else parse(text, path)
 
 
-def _read_level(root: str, files: _Files, directory: str, physical: int) -> _Level:
-    usage_path, stat_path = os.path.join(directory, files.usage), os.path.join(directory, "memory.stat")
-    usage_text, stat_text = read_text(root, usage_path), read_text(root, stat_path)
-    usage = None if usage_text is None else parse_bytes(usage_text, usage_path)
+def _read_level(root: str, files: _Files, directory: str) -> GroupLevel:
+    """The raw numbers of one level."""
+    stat_path = os.path.join(directory, "memory.stat")
+    stat_text = read_text(root, stat_path)
     stats = {} if stat_text is None else parse_memory_stat(stat_text, stat_path)
-    candidates = [(_read_limit(root, os.path.join(directory, name)), os.path.join(directory, name))
-                  for name in files.limits]
+    limits = [(_read_number(root, path, parse_limit), path)
+              for path in (os.path.join(directory, name) for name in files.limits)]
     if files.stat_limit is not None:
-        candidates.append((stats.get(files.stat_limit), stat_path))
-    limit, limit_file = None, None
-    for value, path in candidates:
-        value = effective_limit(value, physical)
-        if value is not None and (limit is None or value < limit):
-            limit, limit_file = value, path
+        limits.append((stats.get(files.stat_limit), stat_path))
+    usage = _read_number(root, os.path.join(directory, files.usage), parse_bytes)
     inactive = next((stats[name] for name in files.inactive_file if name in stats), 0)
-    return _Level(limit, limit_file, usage, working_set(usage or 0, inactive, limit))
+    return GroupLevel(tuple(limits), usage, inactive)
 
 
 @dataclass(frozen=True)
@@ -170,14 +170,15 @@ class Layout:
     entries: list[CgroupEntry]
     mounts: list[Mount]
 
-    def locate(self, version: int) -> tuple[CgroupEntry, str, str] | None:
+    def locate(self, version: int) -> Location | None:
         return locate(self.entries, self.mounts, version)
 
     @property
     def v2_directory(self) -> str | None:
-        """The v2 group directory (also on hybrid hosts, where only PSI lives there); None without a v2 mount."""
+        """The v2 group directory (also on hybrid hosts, where only PSI lives there); None without a v2 mount or
+        where the group cannot be read safely."""
         found = self.locate(2)
-        return None if found is None else found[1]
+        return None if found is None or found.problem else found.directory
 
 
 def read_layout(root: str | None = None) -> Layout:
@@ -185,34 +186,23 @@ def read_layout(root: str | None = None) -> Layout:
     return Layout(read_self_cgroup(root), read_mountinfo(root))
 
 
-def read_cgroup_memory(physical: int, root: str | None = None, layout: Layout | None = None) -> CgroupMemory | None:
-    """The memory cgroup of this process, or None where there is none to read (bare host, no controller)."""
+def read_cgroup_memory(physical: int, root: str | None = None,
+                       layout: Layout | None = None) -> CgroupMemory | str | None:
+    """The memory cgroup of this process; None where there is none to read (bare host, no controller on any level);
+    a sentence saying why where there is one but it must not be read (outside our namespace)."""
     root = resolve(root)
     layout = layout or read_layout(root)
+    problem = None
     for version, files in ((1, V1), (2, V2)):
         found = layout.locate(version)
         if found is None:
             continue
-        entry, directory, mount_point = found
-        levels = [_read_level(root, files, level, physical) for level in _levels(directory, mount_point)]
-        if levels[0].usage is None:
-            continue  # no memory controller on this group (v2 without memory enabled, or a bare host's root)
-        return _combine(version, entry.path, directory, levels)
-    return None
-
-
-def _combine(version: int, path: str, directory: str, levels: list[_Level]) -> CgroupMemory:
-    """The smallest limit wins, and the least headroom (each level's limit minus that level's own working set)."""
-    limit, limit_file, free = None, None, None
-    for level in levels:
-        if level.limit is None:
+        if found.problem:
+            problem = problem or found.problem
             continue
-        if limit is None or level.limit < limit:
-            limit, limit_file = level.limit, level.limit_file
-        if level.usage is not None:  # a level whose usage cannot be read limits, but its headroom is unknown
-            headroom = level.limit - level.working_set
-            free = headroom if free is None else min(free, headroom)
-    if limit is not None and free is None:
-        free = limit - levels[0].working_set
-    leaf_ws = levels[0].working_set if limit is None else min(levels[0].working_set, limit)
-    return CgroupMemory(version, path, directory, limit, limit_file, leaf_ws, free)
+        levels = [_read_level(root, files, level) for level in _levels(found.directory, found.mount_point)]
+        group = combine_levels(levels, physical)
+        if group is not None:
+            return CgroupMemory(version, found.entry.path, found.directory, group.limit, group.limit_file,
+                                group.working_set, group.free, found.guessed)
+    return problem

@@ -25,11 +25,12 @@ class Psi:
 
 
 def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
-    """``some avg10=0.12 avg60=... total=...`` and ``full ...`` lines."""
+    """``some avg10=0.12 avg60=... total=...`` and ``full ...`` lines; other lines (a later kernel may add some) are
+    skipped. A ``some``/``full`` line without a numeric avg10, or no ``some`` line, is a ``CorruptFileError``."""
     shares: dict[str, float] = {}
     for line in text.splitlines():
         words = line.split()
-        if not words:
+        if not words or words[0] not in ("some", "full"):
             continue
         fields = dict(word.partition("=")[::2] for word in words[1:])
         try:
@@ -42,6 +43,8 @@ def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
 
 
 def read_psi(root: str | None = None, layout: Layout | None = None) -> Psi | None:
+    """The group's PSI, else the machine's; None where neither can be read. A file that reads but does not parse
+    raises ``CorruptFileError`` (``read_memory`` keeps it as the reason stalls are not available)."""
     root = resolve(root)
     group = (layout or read_layout(root)).v2_directory
     for path in ([os.path.join(group, "memory.pressure")] if group else []) + [SYSTEM_PSI]:

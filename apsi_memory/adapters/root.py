@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 
+from ..errors import ArgumentTypeError
+
 ROOT = os.environ.get("APSI_FS_ROOT", "/")
 
 
 def resolve(root: str | None) -> str:
+    if root is not None and not isinstance(root, str):  # a number would fail deep inside os.path, unnamed
+        raise ArgumentTypeError(f"root must be a folder (str) or None, not {type(root).__name__} ({root!r})")
     return ROOT if root is None else root
 
 

@@ -1,0 +1,101 @@
+"""The level tracker: overlapping readings publish in the order they started (issue 9, item 15)."""
+
+from __future__ import annotations
+
+import threading
+
+from apsi_memory import reactions
+from apsi_memory.decide import Level
+from apsi_memory.reactions import RECHECK_SECONDS, LevelTracker
+from sim.clock import FakeClock
+
+
+class Heard:
+    """A component that records every level it is told."""
+
+    def __init__(self) -> None:
+        self.levels: list[Level] = []
+
+    def on_level(self, level: Level) -> None:
+        self.levels.append(level)
+
+    def relieve(self) -> None:
+        pass
+
+
+def test_a_slow_older_reading_does_not_overwrite_a_newer_one():
+    """The first reading (``high``) blocks until a second, newer one (``ok``) has been published; when it then
+    finishes it must be dropped: the level stays ``ok`` and no component is told ``high``."""
+    started, release = threading.Event(), threading.Event()
+    readings = iter([Level.HIGH, Level.OK])
+
+    def measure(previous: Level) -> Level:
+        level = next(readings)
+        if level is Level.HIGH:  # the older reading: slow
+            started.set()
+            assert release.wait(10), "the test never released the older reading"
+        return level
+
+    clock = FakeClock()
+    tracker = LevelTracker(measure, clock)
+    heard = Heard()
+    reactions.register(heard)
+    try:
+        older = threading.Thread(target=tracker.current)
+        older.start()
+        assert started.wait(10)
+        clock.advance(RECHECK_SECONDS)
+        assert tracker.current() is Level.OK  # the newer reading, published first
+        release.set()
+        older.join(10)
+        assert not older.is_alive()
+    finally:
+        reactions.unregister(heard)
+    assert tracker.level is Level.OK
+    assert heard.levels == []
+    assert tracker.measurements == 2
+
+
+def test_readings_taken_elsewhere_publish_in_ticket_order():
+    """``pressure()`` reads outside the tracker: its ticket, taken before the reading, orders it the same way."""
+    tracker = LevelTracker(lambda previous: Level.OK, FakeClock())
+    heard = Heard()
+    reactions.register(heard)
+    try:
+        old_ticket, _ = tracker.begin()
+        new_ticket, _ = tracker.begin()
+        assert tracker.publish(new_ticket, Level.CRITICAL) is Level.CRITICAL
+        assert tracker.publish(old_ticket, Level.OK) is Level.CRITICAL
+    finally:
+        reactions.unregister(heard)
+    assert heard.levels == [Level.CRITICAL]
+
+
+def test_crossing_announcements_end_with_the_newest_level():
+    """A component still being told ``high`` (slow) when a newer ``ok`` is announced hears ``ok`` last."""
+    tracker = LevelTracker(lambda previous: Level.OK, FakeClock())
+    telling, release = threading.Event(), threading.Event()
+
+    class Slow(Heard):
+        def on_level(self, level: Level) -> None:
+            if level is Level.HIGH and not telling.is_set():
+                telling.set()
+                assert release.wait(10), "the test never released the first announcement"
+            super().on_level(level)
+
+    heard = Slow()
+    reactions.register(heard)
+    try:
+        first, _ = tracker.begin()
+        announcing = threading.Thread(target=tracker.publish, args=(first, Level.HIGH))
+        announcing.start()
+        assert telling.wait(10)
+        second, _ = tracker.begin()
+        tracker.publish(second, Level.OK)
+        release.set()
+        announcing.join(10)
+        assert not announcing.is_alive()
+    finally:
+        reactions.unregister(heard)
+    assert heard.levels[-1] is Level.OK
+    assert tracker.level is Level.OK
