@@ -1,7 +1,8 @@
 """Store values to signed bytes and back (see ``store.py``).
 
-Every signature is an HMAC with this user's key over a tag, the store's identity (random, made with the store),
-the entry's key, the entry's version (its random name, new on every ``set``) and the value: a file copied from
+Every signature is an HMAC, with a key derived from this user's key and the store's identity (random, made with
+the store), over a tag, the entry's key, the entry's version (its random name, new on every ``set``) and the
+value: a file copied from
 another store, an older value of the same key put back (a rollback) or another entry's value swapped in does not
 verify. Only a failed signature is tampering; a value that verifies but cannot be loaded here (a class renamed
 since) is ``Unloadable``, and one signed the way versions before the identity did is ``OldFormat``.
@@ -28,10 +29,15 @@ MMAP_MIN_BYTES = 128 * 1024  # arrays at least this big come back memory-mapped 
 
 
 class Seal(NamedTuple):
-    """What every signature of one store is made with: the user's key and the store's identity."""
+    """What every signature of one store is made with: the user's key, and a key derived from it and the store's
+    identity (made once at open, so binding the store costs nothing per value)."""
 
     secret: bytes
-    ident: bytes
+    store_key: bytes
+
+
+def seal_for(secret: bytes, ident: bytes) -> Seal:
+    return Seal(secret, sign(secret, b"store", ident))
 
 
 class _Held(NamedTuple):
@@ -62,11 +68,11 @@ class Unloadable(Exception):
 
 
 def _sign(seal: Seal, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> bytes:
-    return sign(seal.secret, tag, seal.ident, key, stem[:NAME_BYTES].encode("ascii"), *parts)
+    return sign(seal.store_key, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts)
 
 
 def _check(seal: Seal, signature: bytes, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> None:
-    if verify(seal.secret, signature, tag, seal.ident, key, stem[:NAME_BYTES].encode("ascii"), *parts):
+    if verify(seal.store_key, signature, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts):
         return
     if verify(seal.secret, signature, tag, key, *parts):
         raise OldFormat("signed by an older apsi_memory")

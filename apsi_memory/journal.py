@@ -354,6 +354,8 @@ class _Journal:
         size = self.end_seen = os.fstat(self.fd).st_size
         if self.holding and size < _COUNTERS.unpack_from(self.counters)[2]:
             self._truncated(size)
+            self.offset = len(MAGIC)  # what this handle read may be gone: read it all again
+            records.append(Record(OP_RESET))
         while self.offset < size:
             buf = os.pread(self.fd, min(size - self.offset, READ_CHUNK), self.offset)
             needed = record_length(buf)

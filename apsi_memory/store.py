@@ -66,7 +66,7 @@ from typing import Any
 
 from . import reactions
 from .api import current_level
-from .blobs import OldFormat, Seal, Unloadable, _Held, _Tampered, decode, load_mapped, to_blob
+from .blobs import OldFormat, Unloadable, _Held, _Tampered, decode, load_mapped, seal_for, to_blob
 from .decide import Level, eviction_target, ram_tier_limit
 from .errors import (
     ArgumentError,
@@ -327,7 +327,7 @@ class Store:
         except BaseException:
             os.close(self._dir_fd)
             raise
-        self._seal = Seal(secret, self._journal.ident)
+        self._seal = seal_for(secret, self._journal.ident)
         self._lock = threading.RLock()
         self._fork_held = False
         self._closed = False

@@ -350,6 +350,21 @@ def test_a_truncated_journal_never_brings_back_an_older_value(home):
         assert fresh().get("k") is None and fresh().get("again") == 2
 
 
+def test_a_journal_truncated_under_an_open_handle_is_noticed_by_its_next_write(home):
+    s = memory.store("t", ram_mb=0)
+    s.set("k", "older")
+    cut = os.path.getsize(Path(s.folder) / "index")
+    s.set("k", "newer")
+    os.truncate(Path(s.folder) / "index", cut - 5)  # inside the first record: this handle had read past it
+    with pytest.warns(TamperWarning, match="truncated"):
+        s.set("after", 1)
+    assert (s.get("k"), s.get("after"), len(s)) == (None, 1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reader = fresh()
+        assert (reader.get("k"), reader.get("after"), len(reader)) == (None, 1, 1)
+
+
 def test_a_torn_tail_keeps_the_older_value_silently(home):
     """The crash promise: a writer killed mid-append leaves a torn tail after the last complete record."""
     s = memory.store("t")
