@@ -272,25 +272,49 @@ def test_an_evil_pickle_signed_the_old_way_is_never_run(home):
 
 # -- item 8: a committed set never raises, nor loses its file ------------------------------------------------
 
+class _RacedEntry:
+    """A directory entry whose file another process unlinks between the listing and the ``stat``."""
+
+    def __init__(self, entry: os.DirEntry, where: Path) -> None:
+        self.name, self.path, self.where = entry.name, entry.path, where
+
+    def is_file(self, follow_symlinks: bool = True) -> bool:
+        return True
+
+    def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+        os.unlink(self.where)  # the other process wins the race
+        raise FileNotFoundError(2, "No such file or directory", str(self.where))
+
+
+class _RacedListing:
+    def __init__(self, listing, orphan: Path) -> None:
+        self.listing, self.orphan = listing, orphan
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listing.close()
+
+    def __iter__(self):
+        for entry in self.listing:
+            yield _RacedEntry(entry, self.orphan) if entry.name == self.orphan.name else entry
+
+
 def test_an_orphan_unlinked_by_another_process_during_the_sweep_does_not_fail_the_set(home, monkeypatch):
     """Before the fix ``_sweep_orphans`` stat'ed each file and raised FileNotFoundError when another process had
-    just unlinked it, after this set's record was committed."""
+    just unlinked it, after this set's record was committed (1 in ~5,000 sets with 4 processes)."""
     s = memory.store("t")
     s.set("k", SMALL)
     orphan = Path(s.folder) / "data" / "0123456789abcdef.pkl"
     orphan.write_bytes(b"x")
-    real = STORE.is_data_name
-
-    def racing(name: str) -> bool:
-        if name == orphan.name and orphan.exists():
-            orphan.unlink()  # the other process wins the race
-        return real(name)
-
-    monkeypatch.setattr(STORE, "is_data_name", racing)
+    real_scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda where: _RacedListing(real_scandir(where), orphan))
     monkeypatch.setattr(STORE, "COMPACT_MIN_BYTES", 0)
     for i in range(20):
         s.set("k", {"i": i, "pad": "p" * 1000})  # dead bytes: a compaction and its sweep
-    assert fresh().get("k")["i"] == 19
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    assert not orphan.exists() and fresh().get("k")["i"] == 19
 
 
 def test_an_interrupt_after_the_record_is_committed_keeps_the_file(home, monkeypatch):
