@@ -22,7 +22,7 @@ import numpy as np
 import numpy.lib.format as npformat
 
 from .errors import ArgumentTypeError
-from .journal import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES, Entry
+from .records import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES, Entry
 from .signing import SIGNATURE_BYTES, sign, verify
 
 MMAP_MIN_BYTES = 128 * 1024  # arrays at least this big come back memory-mapped (a file read whole below it)
