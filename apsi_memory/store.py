@@ -583,11 +583,14 @@ class Store:
 
     @property
     def disk_bytes(self) -> int:
+        self._check_open()
         with self._lock:
             self._catch_up()
             return self._index.total
 
     def __str__(self) -> str:
+        if self._closed:
+            return f"<store {self.label}: closed>"
         with self._lock:
             self._catch_up()
             return (f"<store {self.label}: {len(self._ram.values)} in RAM ({fmt_mb(self._ram.total)}), "

@@ -455,6 +455,7 @@ def test_a_closed_store_says_so(home, use):
     s.close()  # twice is fine
     with pytest.raises(StoreClosedError, match="store t is closed"):
         use(s)
+    assert str(s) == "<store t: closed>"  # a repr never raises (debuggers, logs)
     assert fresh().get("k") == 1
 
 
