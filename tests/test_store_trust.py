@@ -221,6 +221,23 @@ def test_a_planted_lock_or_index_link_is_refused(home, tmp_path, which):
     assert outside.touched() == 0
 
 
+@pytest.mark.parametrize("which", ["lock", "index"])
+def test_a_lock_or_index_of_another_uid_or_not_a_file_is_refused(home, which):
+    s = memory.store("t")
+    s.set("k", 1)
+    s.close()
+    path = Path(s.folder) / which
+    if os.geteuid() == 0:
+        os.chown(path, 54321, 54321)
+        problem = "belongs to uid 54321"
+    else:
+        path.unlink()
+        path.mkdir()
+        problem = "is a folder, not a file"
+    with pytest.raises(UnsafePathError, match=f"{path} {problem}"):
+        memory.store("t")
+
+
 # -- item 5: what a signature binds --------------------------------------------------------------------------
 
 def test_an_older_value_of_the_same_key_put_back_is_refused(home):
