@@ -85,8 +85,13 @@ class _Cached:
             return self.store
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A full disk never costs the caller the result: it is computed (or returned) and a warning says it was
+        not kept."""
         key = self.key(args, kwargs)
-        store = self.store or self.open()
+        try:
+            store = self.store or self.open()
+        except DiskFullError as err:  # the store could not even be made: run uncached
+            return self.uncached(args, kwargs, err)
         hit = store.get(key, _MISSING)
         if hit is not _MISSING:
             return hit
@@ -94,9 +99,17 @@ class _Cached:
         try:
             store.set(key, result)
         except DiskFullError as err:  # the work is done: return it; only keeping it failed
-            warnings.warn(NotCachedWarning(f"{self.func.__qualname__}: result returned but not cached: {err}"),
-                          stacklevel=3)
+            self.not_kept(err)
         return result
+
+    def uncached(self, args: tuple[Any, ...], kwargs: dict[str, Any], err: DiskFullError) -> Any:
+        result = self.func(*args, **kwargs)
+        self.not_kept(err)
+        return result
+
+    def not_kept(self, err: DiskFullError) -> None:
+        warnings.warn(NotCachedWarning(f"{self.func.__qualname__}: result returned but not cached: {err}"),
+                      stacklevel=4)
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         bound = self.signature.bind(*args, **kwargs)

@@ -175,7 +175,11 @@ class _Journal:
                 self._move_aside()
             return self._open()
         if not head:
-            os.write(fd, MAGIC)
+            try:
+                _pwrite_all(fd, MAGIC, 0, self.folder)
+            except BaseException:
+                os.close(fd)
+                raise
         self.fd, self.offset = fd, len(MAGIC)
         self.damaged = False  # damaged records were skipped: the next writer rewrites the journal without them
 

@@ -73,6 +73,16 @@ def test_cached_on_a_full_disk_returns_the_result_and_warns(small_disk):
     assert result.shape == (200_000,) and result[-1] == 199_999
 
 
+def test_cached_whose_store_cannot_even_be_made_runs_uncached_and_warns(small_disk):
+    @memory.cached(store=str(small_disk / "never"))
+    def double(x: int) -> int:
+        return 2 * x
+
+    fill(small_disk)
+    with pytest.warns(NotCachedWarning, match="double: result returned but not cached"):
+        assert double(21) == 42
+
+
 def test_delete_and_clear_work_on_a_full_disk(small_disk):
     s = memory.store(small_disk / "s", disk_gb=1)
     for i in range(5):
