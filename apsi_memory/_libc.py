@@ -63,7 +63,8 @@ def _function(name: str, restype: Any, *argtypes: Any) -> Any:
         return None
     if function is not None:
         function.restype = restype
-        function.argtypes = list(argtypes) or None
+        if argtypes:
+            function.argtypes = list(argtypes)
     return function
 
 

@@ -31,8 +31,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 import numpy as np
 
 from . import api, arrays
-from .errors import BlockError, ChunkError
 from .blocks import block_spans, positive_count, rows_per_block
+from .errors import BlockError, ChunkError
 from .pages import BlockPages
 from .progress import Progress, progress_bar
 from .sources import resolve_source
