@@ -80,7 +80,8 @@ class Pages:
 
     def _page_states(self, start: int, end: int) -> np.ndarray:
         """Which pages of ``[start, end)`` are cached: from one ``cachestat`` count when the range is all cached
-        or all not (streaming's usual case, 100x cheaper), else page by page from ``mincore``."""
+        or all not (streaming's usual case: one answer instead of a byte per page), else page by page from
+        ``mincore``."""
         n_pages = (end - start) // PAGE
         cached = None if self._fd is None else _libc.cachestat(self._fd, *self._file_range(start, end - start))
         if cached in (0, n_pages):
@@ -145,8 +146,8 @@ class Pages:
     def _read_in(self, runs: list[tuple[int, int]]) -> None:
         """Read the runs through the file descriptor into a scratch buffer: the kernel's streaming read-ahead
         (large pages, many reads in flight) fills the page cache, and nothing is mapped into this process.
-        Measured here, this beat ``MADV_WILLNEED``, which the kernel serves one small read-ahead window at a
-        time in the calling thread."""
+        (Not ``MADV_WILLNEED``: the kernel serves that one small read-ahead window at a time in the calling
+        thread.)"""
         assert self._fd is not None
         scratch = memoryview(self._scratch)
         for first_page, count in runs:
