@@ -1,4 +1,5 @@
-"""The C library calls apsi makes that Python's ``os`` and ``mmap`` do not offer, each in one place.
+"""The C library calls apsi makes beyond plain file I/O, each in one place (``posix_fadvise`` and
+``posix_fallocate`` through ``os``, the rest through ``ctypes``).
 
 Theory of operation
 -------------------
@@ -6,19 +7,16 @@ The C library the interpreter already runs on (``ctypes.CDLL(None)``) is loaded 
 never at import, and each function is looked up and given its prototype once. Every call has a "not available
 here" answer instead of an exception, because each is an optimisation or a safety net the caller can do without:
 
-=========================  ===============================  ==================================================
-call                       not available (off Linux, musl)  the kernel refuses
-=========================  ===============================  ==================================================
-``madvise``                ``False``                        ``False`` (advice is a hint)
-``fadvise``                ``False``                        ``False``
-``mincore``                ``None``                         ``None``
-``cachestat``              ``None``, not asked again        ``None``, not asked again (old kernel, seccomp)
-``sync_file_range``        ``False``                        ``False``
-``malloc_trim``            ``None``                         —
-``posix_fallocate``        ``False``                        ``False`` where the filesystem cannot (EINVAL,
-                                                            EOPNOTSUPP); ``OSError`` otherwise (ENOSPC …)
-``map_anonymous_fixed``    ``False``                        ``OSError`` naming the range
-=========================  ===============================  ==================================================
+* ``madvise``, ``fadvise``, ``sync_file_range``: ``False`` where not available or refused (advice is a hint: a
+  refusal costs memory, never correctness);
+* ``mincore``: ``None`` where not available or the kernel will not say;
+* ``cachestat``: ``None`` where not available or refused (a kernel before 6.5, a seccomp filter), and then it is
+  not asked again;
+* ``malloc_trim``: ``None`` where the C library has none (musl, macOS);
+* ``posix_fallocate``: ``False`` where the platform or filesystem cannot (EINVAL, EOPNOTSUPP); any other failure,
+  such as a full disk, raises its ``OSError``;
+* ``map_anonymous_fixed``: ``False`` where not available; a failure raises ``SystemCallError`` (an ``OSError``)
+  naming the range.
 
 The flags and structures used (``MAP_FIXED``, ``SYNC_FILE_RANGE_*``, ``cachestat``'s syscall number) are
 Linux's, so those calls are offered on Linux only; ``malloc_trim`` wherever the C library has it (glibc).
@@ -36,6 +34,8 @@ import sys
 from typing import Any
 
 import numpy as np
+
+from .errors import SystemCallError
 
 _MAP_FIXED = 0x10  # the same value on every Linux architecture
 _SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4  # <fcntl.h> SYNC_FILE_RANGE_*
@@ -181,7 +181,8 @@ def posix_fallocate(fd: int, offset: int, length: int) -> bool:
 def map_anonymous_fixed(address: int, length: int) -> bool:
     """Replace the pages at ``[address, address + length)`` with fresh anonymous zero pages, atomically (``mmap``
     with ``MAP_FIXED``): what was there is released at once and pointers into the range stay valid. ``False``
-    where this cannot be done (not Linux, or nothing to replace); ``OSError`` naming the range if it failed."""
+    where this cannot be done (not Linux, or nothing to replace); ``SystemCallError`` (an ``OSError``) naming
+    the range and errno if it failed."""
     function = _linux("mmap", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                       ctypes.c_int, ctypes.c_long)
     if function is None or length <= 0:
@@ -189,5 +190,5 @@ def map_anonymous_fixed(address: int, length: int) -> bool:
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
     if function(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0) != address:
         error = ctypes.get_errno()
-        raise OSError(error, f"could not release {length} bytes at {address:#x}: {os.strerror(error)}")
+        raise SystemCallError(error, f"could not release {length} bytes at {address:#x}: {os.strerror(error)}")
     return True

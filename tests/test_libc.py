@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from apsi_memory import _libc
+from apsi_memory.errors import SystemCallError
 
 PAGE = mmap.PAGESIZE
 
@@ -163,8 +164,9 @@ def test_map_anonymous_fixed_replaces_a_file_mapping_with_zeros_in_place(tmp_pat
     view[0] = 1  # and is writable memory of this process, no longer the file
     assert path.read_bytes() == b"z" * 2 * PAGE
     assert not _libc.map_anonymous_fixed(view.ctypes.data, 0)
-    with pytest.raises(OSError, match="could not release"):
+    with pytest.raises(SystemCallError, match="could not release") as info:
         _libc.map_anonymous_fixed(view.ctypes.data + 1, PAGE)  # unaligned: EINVAL
+    assert isinstance(info.value, OSError) and info.value.errno == errno.EINVAL
 
 
 def test_off_linux_every_call_says_not_available(monkeypatch: pytest.MonkeyPatch, written: int,
