@@ -34,16 +34,11 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from . import api, arrays
+from .blocks import block_spans, positive_count, rows_per_block
 from .errors import BlockError, ChunkError
-from .outofcore import (
-    BlockPages,
-    Progress,
-    block_spans,
-    positive_count,
-    progress_bar,
-    resolve_source,
-    rows_per_block,
-)
+from .pages import BlockPages
+from .progress import Progress, progress_bar
+from .sources import resolve_source
 
 Spans = list[tuple[int, int]]
 BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
