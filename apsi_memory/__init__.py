@@ -17,9 +17,10 @@ Theory of operation
 * ``reactions`` is the one mechanism by which pools and stores hear of a level change (shrink at ``high``, empty
   at ``critical``, grow back at ``ok``) and give RAM back on ``relieve``.
 * ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
-  (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` + ``outofcore`` (streaming larger than RAM),
-  ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache), ``devices`` + ``batch`` (GPUs and
-  ``fit_batch``) build on them. Every public name is re-exported here explicitly.
+  (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` (streaming larger than RAM, on ``blocks``, ``pages``,
+  ``sources``, ``progress``), ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache),
+  ``devices`` + ``batch`` (GPUs and ``fit_batch``) build on them; ``_libc`` holds the C library calls. Every
+  public name is re-exported here explicitly.
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ from .arrays import ArrayRecord, array, free, on_disk, report
 from .pool import Pool, pool
 from .watch import Watcher, on_pressure, relieve
 
-# -- chunks and map (outofcore.py) --
+# -- chunks and map (chunks.py, mapping.py) --
 # (``map`` shadows the builtin inside this namespace only: ``memory.map``)
 from .chunks import chunks
-from .mapping import map
+from .mapping import map, to_dask
 
 # -- store and cached (store.py, cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
@@ -109,6 +110,7 @@ __all__ = [
     # chunks and map
     "chunks",
     "map",
+    "to_dask",
     # arrays, pool, on_pressure, relieve
     "ArrayRecord",
     "Pool",

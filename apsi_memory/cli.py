@@ -1,4 +1,4 @@
-"""``apsi-memory status | limits | pressure [--watch SECONDS]``, each with ``--json``."""
+"""``apsi-memory status | limits | pressure [--watch SECONDS] | dask-limit [--workers N]``, each with ``--json``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from .api import limits, pressure, status
-from .errors import ApsiMemoryError
+from .api import cores, limits, pressure, status
+from .decide import chunk_bytes, worker_memory_limit
+from .errors import ApsiMemoryError, ArgumentError
 from .units import seconds
 
 COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
@@ -26,7 +27,10 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--json", action="store_true", help="print one JSON object per reading")
     watch = sub.choices["pressure"]
     watch.add_argument("--watch", type=_seconds, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
-    watch.add_argument("--count", type=_count, metavar="N", help="with --watch: stop after N readings")
+    watch.add_argument("--count", type=_at_least_one("readings"), metavar="N", help="with --watch: stop after N readings")
+    dask = sub.add_parser("dask-limit", help="memory limit and chunk size per dask worker, for a deployment script")
+    dask.add_argument("--workers", type=_at_least_one("workers"), metavar="N", help="workers sharing this machine (default: its cores)")
+    dask.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -38,14 +42,35 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(text: str) -> int:
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"N must be a whole number of readings, at least 1, not {text!r}")
-    return count
+def _at_least_one(what: str) -> Callable[[str], int]:
+    """An argparse type for a count of ``what``: a whole number, at least 1."""
+    def parse(text: str) -> int:
+        try:
+            count = int(text)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise argparse.ArgumentTypeError(f"N must be a whole number of {what}, at least 1, not {text!r}")
+        return count
+    return parse
+
+
+class DaskLimit:
+    """What ``dask-limit`` prints: ``--memory-limit`` for each ``dask worker``, and the chunk size to use."""
+
+    def __init__(self, workers: int | None) -> None:
+        self.workers = cores() if workers is None else workers
+        self.usable_bytes = limits().usable_bytes
+        self.memory_limit_bytes = worker_memory_limit(self.usable_bytes, self.workers)
+        self.chunk_bytes = chunk_bytes(self.memory_limit_bytes)
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+    def __str__(self) -> str:
+        return (f"--memory-limit {self.memory_limit_bytes} per worker ({self.memory_limit_bytes / 2**30:.2f} GiB, "
+                f"{self.workers} workers sharing {self.usable_bytes / 2**30:.1f} GiB), chunks of "
+                f"{self.chunk_bytes >> 20} MiB")
 
 
 def _show(reading: object, as_json: bool) -> None:
@@ -55,6 +80,8 @@ def _show(reading: object, as_json: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "dask-limit":
+        return _dask_limit(args.workers, args.json)
     read = COMMANDS[args.command]
     watch = getattr(args, "watch", None)
     if getattr(args, "count", None) is not None and watch is None:
@@ -74,6 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `apsi-memory pressure --watch 1 | head -1`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail again
         return 141
+    return 0
+
+
+def _dask_limit(workers: int | None, as_json: bool) -> int:
+    try:
+        _show(DaskLimit(workers), as_json)
+    except ArgumentError as exc:  # too many workers for this memory
+        print(f"apsi-memory: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

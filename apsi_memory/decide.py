@@ -304,3 +304,47 @@ def free_memory(host_available: int, group_free: int | None, usable: int) -> int
     """The smaller of the host's available memory and the cgroup's headroom, within [0, usable]."""
     free = host_available if group_free is None else min(host_available, group_free)
     return max(0, min(free, usable))
+
+
+# -- dask workers (apsi_memory.dask) -------------------------------------------------------------------------------
+
+# What a dask deployment holds outside its workers, in the same memory: the client's interpreter, the scheduler and
+# the nannies (all in the process that starts a LocalCluster: 60 MiB measured idle with 2 workers; the scheduler's
+# task state grows with the graph) and multiprocessing's resource tracker (12 MiB). Rounded up, with room to grow.
+DASK_OUTSIDE_WORKERS_BYTES = 256 * (1 << 20)
+# A worker process's own interpreter with numpy and distributed imported (62 MiB measured), rounded up: a limit
+# below this leaves no room for any data.
+DASK_WORKER_BASE_BYTES = 128 * (1 << 20)
+# dask's defaults: a worker spills its stored results down to 60 % of its limit and pauses at 80 %, so what runs
+# has the 20 % between the two.
+DASK_SPILL_TARGET = 0.60
+DASK_PAUSE_FRACTION = 0.80
+# One running task holds about three chunks at once (its input, its result, one NumPy temporary).
+CHUNKS_PER_TASK = 3
+MIN_CHUNK_BYTES = 1 << 20
+
+
+def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1) -> int:
+    """Bytes per dask worker: the usable memory (the smallest limit up the cgroup hierarchy, ``memory.high``
+    included, or the host's) less ``DASK_OUTSIDE_WORKERS_BYTES``, shared equally by ``n_workers``. Raises
+    ``ArgumentError`` (a ``ValueError``) when that share cannot hold a worker's interpreter plus one 1 MiB chunk per thread."""
+    if n_workers < 1 or nthreads < 1:
+        raise ArgumentError(f"a dask deployment needs at least 1 worker and 1 thread, not {n_workers} and {nthreads}")
+    share = (usable_bytes - DASK_OUTSIDE_WORKERS_BYTES) // n_workers
+    needed = DASK_WORKER_BASE_BYTES + nthreads * CHUNKS_PER_TASK * MIN_CHUNK_BYTES
+    if share < needed:
+        raise ArgumentError(f"{usable_bytes >> 20} MiB usable cannot hold {n_workers} dask workers of {nthreads} "
+                         f"thread(s): each would get {max(0, share) >> 20} MiB, under the {needed >> 20} MiB a "
+                         "worker needs; use fewer workers")
+    return share
+
+
+def chunk_bytes(limit_bytes: int, nthreads: int = 1) -> int:
+    """The largest power-of-two chunk (at least 1 MiB) such that ``nthreads`` running tasks of
+    ``CHUNKS_PER_TASK`` chunks each fit between the spill target and the pause fraction of a worker limit: stored
+    results are spilled down to the target, so the tasks never push the worker past the pause fraction."""
+    room = int(limit_bytes * (DASK_PAUSE_FRACTION - DASK_SPILL_TARGET)) // (CHUNKS_PER_TASK * max(1, nthreads))
+    size = MIN_CHUNK_BYTES
+    while size * 2 <= room:
+        size *= 2
+    return size

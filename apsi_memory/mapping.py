@@ -11,7 +11,7 @@ How it runs
   The output is a ``memory.array`` (RAM while it fits the budget, a spill file otherwise). The blocks that started
   beside the first keep their results until the output exists, so no core waits for the first block.
 * At most two blocks per worker are in flight: each is read ahead when it is handed out, and once it and every
-  block before it are written, its input and output pages are released (see ``outofcore``), so memory stays flat
+  block before it are written, its input and output pages are released (see ``pages``), so memory stays flat
   however large the input and output are.
 * A block whose result disagrees with the first (row count, row shape or dtype) raises ``ChunkError``; an
   exception in ``fn`` raises ``BlockError`` naming the block's rows, with the original as its cause. Either way no
@@ -19,6 +19,8 @@ How it runs
   first failing block in row order is raised (whichever thread noticed first), and the output is freed (its spill
   file deleted).
 * An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
+* ``engine=client`` (a ``distributed.Client``) runs the blocks on a dask cluster instead, by the same rules and
+  with byte-identical results: see ``apsi_memory.dask`` (the ``apsi-memory[dask]`` extra).
 """
 
 from __future__ import annotations
@@ -26,31 +28,33 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from . import api, arrays
+from .blocks import block_spans, positive_count, rows_per_block
 from .errors import BlockError, ChunkError
-from .outofcore import (
-    BlockPages,
-    Progress,
-    block_spans,
-    positive_count,
-    progress_bar,
-    resolve_source,
-    rows_per_block,
-)
+from .pages import BlockPages
+from .progress import Progress, progress_bar
+from .sources import resolve_source
 
 Spans = list[tuple[int, int]]
 BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
 
 
 def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,
-        rows: int | None = None, workers: int | None = None, *, progress: bool = False) -> np.ndarray:
+        rows: int | None = None, workers: int | None = None, *, progress: bool = False,
+        engine: Any = None) -> np.ndarray:
     """``fn`` applied to each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy``
     path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight
-    hold about 32 MB of input. See the module docstring for the rules."""
+    hold about 32 MB of input. ``engine``: a ``distributed.Client`` to run the blocks on its cluster (``workers``
+    then defaults to the cluster's threads). See the module docstring for the rules."""
+    if engine is not None:
+        from .dask import map_on_cluster  # the dask extra, imported only when asked for
+
+        return map_on_cluster(engine, fn, x, rows, workers, progress=progress)
     source = resolve_source(x)
     n_workers = api.cores() if workers is None else positive_count(workers, "workers", "a number of threads")
     block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
@@ -78,9 +82,7 @@ class _Output:
         self._settled = threading.Event()  # made, or never will be
 
     def make(self, first: np.ndarray) -> None:
-        if first.dtype.hasobject:
-            raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {_rows(self.spans, 0)}; "
-                             "the output is a memory.array, which holds numbers and fixed-size records only")
+        check_storable(first, self.spans)
         array = arrays.array((self.rows,) + first.shape[1:], first.dtype)
         with self._lock:
             self.array, self.pages = array, BlockPages(array, self.spans)
@@ -155,38 +157,70 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
                 out[spans[index][0]:spans[index][1]] = result
         return index
 
+    def submit(index: int) -> Future[int]:
+        inputs.read_ahead(*spans[index])
+        output.note(index)
+        return pool.submit(work, index)
+
+    def done(index: int) -> None:
+        _finished(index, spans, inputs, output, bar)
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
-        running: set[Future[int]] = set()
-        index_of: dict[Future[int], int] = {}
-        upcoming = iter(range(len(spans)))
-        try:
-            while True:
-                for index in upcoming:
-                    inputs.read_ahead(*spans[index])
-                    output.note(index)
-                    future = pool.submit(work, index)
-                    running.add(future)
-                    index_of[future] = index
-                    if len(running) >= workers * BLOCKS_PER_WORKER:
-                        break
-                if not running:
-                    return
-                done, running = wait(running, return_when=FIRST_COMPLETED)
-                failed = [future for future in done if future.exception() is not None]
-                if failed:
-                    stop.at(min(index_of[future] for future in failed))
-                    output.give_up()
-                    finished, _ = wait(running)  # earlier blocks still run, and may fail first
-                    failed += [future for future in finished if future.exception() is not None]
-                    first = min(failed, key=index_of.__getitem__).exception()
-                    assert first is not None
-                    raise first
-                for future in sorted(done, key=index_of.__getitem__):
-                    _finished(future.result(), spans, inputs, output, bar)
-        except BaseException:
-            stop.at(0)
-            output.give_up()
-            raise
+        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, _wait_threads, done, stop, output.give_up)
+
+
+class BlockFuture(Protocol):
+    """What ``run_in_order`` needs of a future: a ``concurrent.futures.Future`` or a ``distributed.Future``."""
+
+    def exception(self) -> BaseException | None: ...
+
+    def result(self) -> Any: ...
+
+
+F = TypeVar("F", bound=BlockFuture)
+WaitFor = Callable[[set[F], str], tuple[set[F], set[F]]]
+
+
+def _wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
+    done, running = wait(futures, return_when=when)
+    return done, running
+
+
+def run_in_order(count: int, in_flight: int, submit: Callable[[int], F], wait_for: WaitFor[F],
+                 done: Callable[[int], None], stop: _Stop, on_stop: Callable[[], None], start: int = 0) -> None:
+    """Blocks ``start..count-1`` submitted in row order, at most ``in_flight`` at once, ``done(index)`` called as
+    each finishes (in row order among those finishing together). When blocks fail, no block is submitted any
+    more, those running finish (an earlier one may fail too), and the error of the first failing block in row
+    order is raised. ``on_stop`` is called once the run stops early (a failure, or an interrupt)."""
+    running: set[F] = set()
+    index_of: dict[F, int] = {}
+    upcoming = iter(range(start, count))
+    try:
+        while True:
+            for index in upcoming:
+                future = submit(index)
+                running.add(future)
+                index_of[future] = index
+                if len(running) >= in_flight:
+                    break
+            if not running:
+                return
+            finished, running = wait_for(running, FIRST_COMPLETED)
+            failed = [future for future in finished if future.exception() is not None]
+            if failed:
+                stop.at(min(index_of[future] for future in failed))
+                on_stop()
+                rest, _ = wait_for(running, ALL_COMPLETED)  # earlier blocks still run, and may fail first
+                failed += [future for future in rest if future.exception() is not None]
+                first = min(failed, key=index_of.__getitem__).exception()
+                assert first is not None
+                raise first
+            for future in sorted(finished, key=index_of.__getitem__):
+                done(future.result())
+    except BaseException:
+        stop.at(0)
+        on_stop()
+        raise
 
 
 class _Stop:
@@ -223,6 +257,13 @@ def _result_of(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans:
     return result
 
 
+def check_storable(first: np.ndarray, spans: Spans) -> None:
+    """The output is a ``memory.array``: block 0's result must be something it can hold."""
+    if first.dtype.hasobject:
+        raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {_rows(spans, 0)}; "
+                         "the output is a memory.array, which holds numbers and fixed-size records only")
+
+
 def _check_like(result: np.ndarray, out: np.ndarray, spans: Spans, index: int) -> None:
     if result.shape[1:] != out.shape[1:] or result.dtype != out.dtype:
         raise ChunkError(f"fn returned rows of shape {result.shape[1:]} and dtype {result.dtype} for rows "
@@ -234,3 +275,11 @@ def _rows(spans: Spans, index: int) -> str:
     """``1000:2000 (block 2 of 10)``."""
     start, stop = spans[index]
     return f"{start}:{stop} (block {index + 1} of {len(spans)})"
+
+
+def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, client: Any = None) -> Any:
+    """``x`` as a ``dask.array`` with one chunk per block of ``rows`` rows, for clusters that do not share this
+    machine's files (``apsi-memory[dask]``; see ``apsi_memory.dask.blocks.to_dask``)."""
+    from .dask import to_dask as on_dask  # the dask extra, imported only when asked for
+
+    return on_dask(x, rows, client=client)

@@ -12,14 +12,13 @@ and the watcher keeps watching.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-from . import api, reactions
+from . import _libc, api, reactions
 from .api import Pressure
 from .decide import Level
 from .errors import ArgumentTypeError
@@ -117,23 +116,9 @@ def on_pressure(fn: Callable[[Pressure], object], level: Level | str = "high", e
 
 # -- relieve -----------------------------------------------------------------------------------------------------
 
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:
-        function = ctypes.CDLL(None).malloc_trim  # the C library this interpreter uses
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
-        return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
-    return function
-
-
-_malloc_trim = _load_malloc_trim()
-
-
 def relieve() -> None:
     """Give cached RAM back now: pools' spare buffers (and stores' RAM tiers), then a garbage collection, then
     glibc's ``malloc_trim(0)``, which returns freed heap pages to the kernel (where the C library is glibc)."""
     reactions.relieve_components()
     gc.collect()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    _libc.malloc_trim(0)

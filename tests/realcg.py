@@ -62,13 +62,13 @@ class ChildGroup:
 
 
 @contextlib.contextmanager
-def child_group(limit_bytes: int) -> Iterator[ChildGroup]:
+def child_group(limit_bytes: int, prefix: str = "apsi-test") -> Iterator[ChildGroup]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
     parent = own_v1_memory_group()
     assert parent is not None
-    path = os.path.join(parent, f"apsi-test-{uuid.uuid4().hex[:12]}")
+    path = os.path.join(parent, f"{prefix}-{uuid.uuid4().hex[:12]}")
     try:
         os.mkdir(path)
     except OSError as exc:

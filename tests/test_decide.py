@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from apsi_memory import decide
 from apsi_memory.decide import LEVEL_TABLE, LEVELS, Level, Place, pressure_level
 
-PURE_MODULES = ["decide.py", "units.py", "errors.py"]
+PURE_MODULES = ["decide.py", "units.py", "errors.py", "blocks.py"]
 IO_MODULES = {"os", "psutil", "pathlib", "io", "shutil", "subprocess", "socket", "time", "mmap", "ctypes"}
 
 
@@ -267,3 +267,25 @@ def test_every_level_above_ok_has_a_cause(free: float, some: float | None, full:
     level = pressure_level(free, some, full, previous)
     cause = decide.pressure_cause(level, free, some, full)
     assert (cause is None) == (level == Level.OK)
+
+
+# -- dask workers: the pure rules behind apsi_memory.dask (which itself needs the extra) ---------------------------
+
+@given(usable=st.integers(0, 1 << 44), workers=st.integers(1, 256), threads=st.integers(1, 64))
+def test_dask_workers_together_never_exceed_the_usable_memory(usable: int, workers: int, threads: int) -> None:
+    try:
+        share = decide.worker_memory_limit(usable, workers, threads)
+    except decide.ArgumentError as err:
+        assert f"cannot hold {workers} dask workers" in str(err)
+        return
+    assert share * workers + decide.DASK_OUTSIDE_WORKERS_BYTES <= usable
+    assert share >= decide.DASK_WORKER_BASE_BYTES
+
+
+@given(limit=st.integers(0, 1 << 40), threads=st.integers(1, 64))
+def test_dask_chunks_of_running_tasks_fit_between_spill_target_and_pause(limit: int, threads: int) -> None:
+    size = decide.chunk_bytes(limit, threads)
+    assert size >= decide.MIN_CHUNK_BYTES and size & (size - 1) == 0  # a power of two, never under 1 MiB
+    room = limit * (decide.DASK_PAUSE_FRACTION - decide.DASK_SPILL_TARGET)
+    if size > decide.MIN_CHUNK_BYTES:
+        assert threads * decide.CHUNKS_PER_TASK * size <= room < threads * decide.CHUNKS_PER_TASK * size * 2 + 1

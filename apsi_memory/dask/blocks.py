@@ -1,0 +1,253 @@
+"""``memory.map(fn, x, rows, engine=client)`` on a dask cluster, and ``memory.to_dask(x, rows)``.
+
+The blocks are the local ``map``'s (``block_spans``), driven by the same ``run_in_order``, checked by the same
+``_result_of``/``_check_like``, with the same errors. What differs is how data reaches the workers: by path.
+
+* Input: a ``.npy`` path, or an array whose rows lie one after another in a file (``np.load(mmap_mode="r")``, an
+  ``np.memmap``, a spilled ``memory.array``), is found in ``/proc/self/maps`` and opened on the worker by path and
+  file offset, one block at a time (the header is read on the client, never unpickled). Any other array (in RAM,
+  or a scattered view of a file) is first streamed into a spill file the workers can open, deleted afterwards.
+  Nothing ever sends an ``np.memmap`` itself: one pickles as the full array (numpy #2049).
+* Output: block 0 runs on a worker and comes back to fix the row shape and dtype (and to be written here); the
+  output is a ``memory.array`` spill file (RAM when there is one block only), which each later task maps for its
+  own rows and writes, flushes and releases (``pages.BlockPages``). ``da.store`` into an ``open_memmap``
+  target would pickle the target too: under a process cluster the writes went to copies and the file stayed wrong.
+
+Workers must see the caller's files (one machine, or a shared filesystem). Otherwise use ``to_dask(x, rows,
+client=client)``: the blocks are read here and scattered one at a time; write results with ``to_zarr``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import arrays, spill
+from ..blocks import block_spans, rows_per_block
+from ..errors import BlockError, ChunkError
+from ..mapping import (
+    BLOCKS_PER_WORKER,
+    Spans,
+    _check_like,
+    _result_of,
+    _Stop,
+    check_storable,
+    run_in_order,
+)
+from ..pages import BlockPages, file_region, row_extent
+from ..progress import progress_bar
+from ..sources import resolve_source
+
+Fn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class FileRows:
+    """A C-order array stored in a file from ``offset``: what a task opens, by path, for the rows it needs."""
+
+    path: str
+    offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    def open(self, start: int = 0, stop: int | None = None, mode: str = "r") -> np.ndarray:
+        """Rows ``start:stop`` (all by default), mapping only their pages (an empty block needs no mapping)."""
+        stop = self.shape[0] if stop is None else stop
+        shape = (stop - start, *self.shape[1:])
+        if stop <= start or self.row_bytes == 0:
+            return np.empty(shape, self.dtype)
+        return np.memmap(self.path, self.dtype, mode, self.offset + start * self.row_bytes, shape)  # type: ignore[call-overload,no-any-return]
+
+
+def rows_in_file(x: object) -> FileRows | None:
+    """Where ``x``'s rows lie in a file, when they lie one after another in one; ``None`` otherwise."""
+    source = resolve_source(x)
+    if source.npy is not None:
+        return FileRows(source.npy.path, source.npy.data_offset, source.npy.dtype, source.npy.shape)
+    array = source.open()
+    region = file_region(array)
+    # A private mapping (np.memmap mode "c") may hold changes the file does not; a deleted file cannot be opened.
+    if region is None or not region.shared or not array.flags.c_contiguous or not os.path.isfile(region.path):
+        return None
+    return FileRows(region.path, row_extent(array)[0] - region.start + region.file_offset, array.dtype, array.shape)
+
+
+def _spill_copy(array: np.ndarray, spans: Spans) -> FileRows:
+    """``array`` streamed into a new spill file, block by block (its pages released as they are copied)."""
+    copy = spill.create(array.shape, array.dtype)
+    pages = BlockPages(array, spans)
+    try:
+        for index, (start, stop) in enumerate(spans):
+            pages.read_ahead(start, stop)
+            copy[start:stop] = array[start:stop]
+            pages.finished(index)
+        copy.flush()
+    except BaseException:
+        spill.delete(str(copy.filename))
+        raise
+    finally:
+        pages.close()
+    return FileRows(str(copy.filename), copy.offset, array.dtype, array.shape)
+
+
+# -- on the workers ------------------------------------------------------------------------------------------------
+
+def first_block(fn: Fn, rows: FileRows, spans: Spans) -> np.ndarray:
+    """Block 0's result, sent back to fix the output's row shape and dtype."""
+    return np.asarray(_compute(fn, rows, spans, 0))
+
+
+def write_block(fn: Fn, rows: FileRows, out: FileRows, spans: Spans, index: int) -> int:
+    start, stop = spans[index]
+    target = out.open(start, stop, mode="r+")
+    pages = BlockPages(target, [(0, stop - start)])
+    try:
+        pages.note(stop - start)
+        result = _compute(fn, rows, spans, index)
+        _check_like(result, target, spans, index)
+        target[:] = result
+        if isinstance(target, np.memmap):
+            target.flush()  # on the disk before the caller reads it, whatever the filesystem
+        pages.finished(0)
+    finally:
+        pages.close()
+    return index
+
+
+def _compute(fn: Fn, rows: FileRows, spans: Spans, index: int) -> np.ndarray:
+    """``fn`` on block ``index``, as the local ``map`` runs it (the whole input is mapped, so the rows and the
+    messages are the same; only the block's pages are read, then released)."""
+    start, stop = spans[index]
+    array = rows.open()
+    pages = BlockPages(array[start:stop], [(0, stop - start)])
+    try:
+        pages.read_ahead(0, stop - start)
+        return _result_of(fn, array, spans, index)
+    except BlockError as exc:
+        exc.cause = exc.__cause__  # type: ignore[attr-defined]  # pickled with the error: see restore_cause
+        raise
+    finally:
+        pages.finished(0)
+        pages.close()
+
+
+def restore_cause(exc: BaseException) -> None:
+    """A ``BlockError`` chains the original error; pickling drops ``__cause__``, so it travels as ``cause``."""
+    if isinstance(exc, BlockError) and exc.__cause__ is None:
+        exc.__cause__ = exc.__dict__.pop("cause", None)
+
+
+# -- on the client -------------------------------------------------------------------------------------------------
+
+def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, rows: int | None = None,
+                   workers: int | None = None, *, progress: bool = False) -> np.ndarray:
+    """``memory.map(fn, x, rows, workers, engine=client)``: see the module docstring. ``workers`` (default: the
+    cluster's threads) sets how many blocks are in flight, two each, and the default ``rows`` as locally."""
+    source = resolve_source(x)
+    threads = workers if workers is not None else sum(client.nthreads().values())
+    block_rows = rows_per_block(source.row_bytes(), rows, max(1, threads) * BLOCKS_PER_WORKER)
+    array = source.open()
+    spans = block_spans(len(array), block_rows) or [(0, 0)]
+    found = rows_in_file(x) if len(array) else FileRows("", 0, array.dtype, array.shape)
+    inputs = found if found is not None else _spill_copy(array, spans)
+    try:
+        return _run(client, fn, inputs, spans, max(1, threads) * BLOCKS_PER_WORKER, progress)
+    finally:
+        if found is None:
+            spill.delete(inputs.path)
+
+
+def _run(client: Any, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, progress: bool) -> np.ndarray:
+    from distributed import wait
+
+    first = _first(client, fn, inputs, spans)
+    check_storable(first, spans)
+    shape = (inputs.shape[0], *first.shape[1:])
+    out = arrays.array(shape, first.dtype) if len(spans) == 1 else arrays._spilled(shape, first.dtype)
+    bar = progress_bar(progress, inputs.shape[0], "map")
+    try:
+        out[:spans[0][1]] = first
+        bar.update(spans[0][1])
+        if len(spans) > 1:
+            target = FileRows(str(out.filename), out.offset, out.dtype, out.shape)  # type: ignore[attr-defined]
+
+            def submit(index: int) -> Any:
+                return client.submit(write_block, fn, inputs, target, spans, index, pure=False)
+
+            def wait_for(futures: set[Any], when: str) -> tuple[set[Any], set[Any]]:
+                done, running = wait(futures, return_when=when)
+                return set(done), set(running)
+
+            def done(index: int) -> None:
+                bar.update(spans[index][1] - spans[index][0])
+
+            run_in_order(len(spans), in_flight, submit, wait_for, done, _Stop(len(spans)), lambda: None, start=1)
+    except BaseException as exc:
+        arrays.free(out)
+        restore_cause(exc)
+        raise
+    finally:
+        bar.close()
+    return out
+
+
+def _first(client: Any, fn: Fn, inputs: FileRows, spans: Spans) -> np.ndarray:
+    try:
+        result: np.ndarray = client.submit(first_block, fn, inputs, spans, pure=False).result()
+    except BaseException as exc:
+        restore_cause(exc)
+        raise
+    return result
+
+
+def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, client: Any = None) -> Any:
+    """``x`` as a ``dask.array`` with one chunk per ``map`` block (``rows`` rows; the default as for ``map`` on
+    one thread). A file-backed ``x`` is read by the tasks from its file by path (the graph holds no data; unlike
+    ``da.from_array``, which copies an ``np.memmap`` into RAM, dask #11850), an in-RAM one is chunked as it is.
+    With ``client``, for clusters that do not share this machine's files, the blocks are read here one at a time
+    and scattered to the workers; write results with ``to_zarr``."""
+    import dask
+    import dask.array as da
+
+    source = resolve_source(x)
+    array = source.open()
+    block_rows = rows_per_block(source.row_bytes(), rows)
+    spans = block_spans(len(array), block_rows)
+    found = rows_in_file(x) if len(array) else None
+    if not len(array) or (client is None and found is None):
+        if file_region(array) is not None:
+            raise ChunkError("to_dask needs a memory-mapped array whose rows lie one after another in its file "
+                             "(a scattered view would be copied into RAM); pass np.ascontiguousarray of it, or save "
+                             "it with np.save and pass the path")
+        return da.from_array(array, chunks=(block_rows, *array.shape[1:]))
+    blocks = _scattered(client, array, spans) if client is not None else [
+        dask.delayed(_read_rows, pure=True)(found, start, stop) for start, stop in spans]
+    return da.concatenate([da.from_delayed(block, (stop - start, *array.shape[1:]), array.dtype)
+                           for block, (start, stop) in zip(blocks, spans)])
+
+
+def _read_rows(rows: FileRows, start: int, stop: int) -> np.ndarray:
+    return np.array(rows.open(start, stop))  # a copy: a memmap would keep the file mapped (and pickles whole)
+
+
+def _scattered(client: Any, array: np.ndarray, spans: Spans) -> list[Any]:
+    import dask
+
+    pages = BlockPages(array, spans)
+    futures = []
+    try:
+        for index, (start, stop) in enumerate(spans):
+            pages.read_ahead(start, stop)
+            futures.append(dask.delayed(client.scatter(np.array(array[start:stop]))))
+            pages.finished(index)
+    finally:
+        pages.close()
+    return futures

@@ -1,0 +1,142 @@
+"""Stock ``LocalCluster`` against ``apsi_memory.dask.cluster()`` inside a 1 GiB cgroup v1 memory group (root).
+
+    sudo .venv/bin/python -m benchmarks.dask_cgroup            # prints the table (two runs, 120 s limit each)
+
+Each run: a fresh child group of 1 GiB under this process's own v1 memory group, 2 workers × 1 thread, 3 GiB of
+``x * 2 + 1`` persisted in 16 MiB chunks. Reported: the worker limit the scheduler registered, the kernel's OOM
+kills in the group (its ``memory.oom_control`` counter), worker restarts (worker addresses seen beyond the first
+two), failed tasks, whether it finished within the time limit, and the wall time. The group is always removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+TOTAL_BYTES = 3 << 30
+CHUNK_BYTES = 16 << 20
+GROUP_BYTES = 1 << 30
+WORKERS = 2
+
+
+def run_variant(variant: str, limit_s: float) -> dict[str, Any]:
+    """Inside the group: start the cluster, persist, watch until done or the time limit."""
+    import dask
+    import dask.array as da
+    from distributed import LocalCluster
+
+    from apsi_memory.dask import cluster
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 3}):
+        made = (LocalCluster(n_workers=WORKERS, threads_per_worker=1, dashboard_address=":0")
+                if variant == "stock" else cluster(n_workers=WORKERS, dashboard_address=":0"))
+    with made, made.get_client() as client:
+        limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+        print(json.dumps({"variant": variant, "worker_limit_bytes": limit}), flush=True)  # in case we are killed
+        seen = set(client.scheduler_info()["workers"])
+        x = da.ones(TOTAL_BYTES // 8, chunks=CHUNK_BYTES // 8)
+        start = time.monotonic()
+        futures = client.futures_of((x * 2 + 1).persist())
+        while time.monotonic() - start < limit_s and any(f.status == "pending" for f in futures):
+            with contextlib.suppress(Exception):  # the scheduler may be busy or its worker gone
+                seen |= set(client.scheduler_info()["workers"])
+            time.sleep(0.5)
+        wall = time.monotonic() - start
+        statuses = [f.status for f in futures]
+        return {"variant": variant, "worker_limit_bytes": limit, "restarts": len(seen) - WORKERS,
+                "failed_tasks": statuses.count("error"), "finished": statuses.count("finished") == len(futures),
+                "wall_s": round(wall, 1)}
+
+
+def own_v1_memory_group() -> str:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                return os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"))
+    raise SystemExit("no cgroup v1 memory controller for this process")
+
+
+def oom_kills(group: str) -> int:
+    with open(os.path.join(group, "memory.oom_control")) as f:
+        counts = dict(line.split() for line in f if line.strip())
+    return int(counts.get("oom_kill", 0))
+
+
+def in_group(variant: str, limit_s: float) -> dict[str, Any]:
+    group = os.path.join(own_v1_memory_group(), f"apsi-i12dask-bench-{os.getpid()}-{variant}")
+    os.mkdir(group)
+    try:
+        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(GROUP_BYTES))
+        argv = [sys.executable, "-m", "benchmarks.dask_cgroup", "--variant", variant, "--limit", str(limit_s)]
+        wrapper = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', group, *argv]
+        started = time.monotonic()
+        done = subprocess.run(wrapper, capture_output=True, text=True, timeout=limit_s + 120, check=False)
+        ended = time.monotonic() - started
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        result: dict[str, Any] = {"variant": variant, "finished": False}
+        for line in lines:
+            result.update(json.loads(line))
+        if len(lines) < 2:  # the client itself was killed, or failed: say how
+            result["client_exit"], result["wall_s"] = done.returncode, round(ended, 1)
+            print(f"{variant}: exit {done.returncode}\n{done.stderr[-3000:]}", file=sys.stderr)
+        result["oom_kills"] = oom_kills(group)
+        return result
+    finally:
+        _remove(group)
+
+
+def _remove(group: str) -> None:
+    for _ in range(100):
+        with contextlib.suppress(OSError), open(os.path.join(group, "cgroup.procs")) as f:
+            for pid in f.read().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+        try:
+            os.rmdir(group)
+            return
+        except OSError:
+            time.sleep(0.1)
+    os.rmdir(group)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| cluster | worker limit | OOM kills | worker restarts | failed tasks | finished | wall |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        limit = row.get("worker_limit_bytes")
+        lines.append(f"| {row['variant']} | {'-' if limit is None else f'{limit / 2**30:.2f} GiB'} | "
+                     f"{row['oom_kills']} | {row.get('restarts', '-')} | {row.get('failed_tasks', '-')} | "
+                     f"{_finished(row)} | {row.get('wall_s', '-')} s |")
+    return "\n".join(lines)
+
+
+def _finished(row: dict[str, Any]) -> str:
+    if row["finished"]:
+        return "yes"
+    if "client_exit" in row:
+        return f"no: the client process died (exit {row['client_exit']})"
+    return "no: time limit"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=("stock", "apsi"))
+    parser.add_argument("--limit", type=float, default=120.0, help="seconds each run may take")
+    parser.add_argument("--variants", nargs="+", default=["stock", "apsi"], choices=("stock", "apsi"))
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(run_variant(args.variant, args.limit)), flush=True)
+        return
+    print(table([in_group(variant, args.limit) for variant in args.variants]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""apsi_memory.dask: worker limits, the pressure plugin, ``map(engine=client)`` against the local ``map``.
+
+One module-scoped ``apsi_memory.dask.cluster`` (2 worker processes × 1 thread) serves every cluster test."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
+pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
+
+import apsi_memory as memory
+import apsi_memory.adapters.root as fs_root
+from apsi_memory import BlockError, ChunkError, cli
+from apsi_memory import dask as amd
+from apsi_memory.dask.blocks import FileRows, rows_in_file
+from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
+from sim import tree as machines
+from sim.pressure import PressureMachine
+from sim.tree import GiB, MiB
+
+pytestmark = pytest.mark.dask
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    with amd.cluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            cluster.get_client() as c:
+        yield c
+
+
+def registered_limits(client: Any) -> list[int]:
+    return sorted(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+
+
+# -- limits on the sim machines (pure rule + the real adapters) -----------------------------------------------------
+
+@pytest.mark.parametrize(("scenario", "kwargs", "usable"), [
+    (machines.docker_v1, {"limit": 4 * GiB}, 4 * GiB),
+    (machines.kubernetes_v2, {"limit": 4 * GiB}, 4 * GiB),  # the limit is on the parent pod group
+    (machines.systemd_slice, {"slice_limit": 2 * GiB}, 2 * GiB),
+])
+def test_worker_limit_comes_from_the_group_not_the_host(machine: Callable[..., Any], scenario: Any,
+                                                        kwargs: dict[str, int], usable: int) -> None:
+    machine(scenario, **kwargs)  # hosts of 64 GiB: dask would split those
+    assert amd.worker_memory_limit(2) == (usable - DASK_OUTSIDE_WORKERS_BYTES) // 2
+
+
+def test_memory_high_of_a_systemd_slice_caps_the_workers(machine: Callable[..., Any]) -> None:
+    tree = machine(machines.systemd_slice, slice_limit=8 * GiB)
+    tree.v2_group("/sys/fs/cgroup/batch.slice", limit=8 * GiB, high=3 * GiB, current=1 * GiB)
+    assert amd.worker_memory_limit(4) == (3 * GiB - DASK_OUTSIDE_WORKERS_BYTES) // 4
+
+
+def test_too_many_workers_for_the_memory_is_refused_with_the_numbers(machine: Callable[..., Any]) -> None:
+    machine(machines.docker_v1, limit=1 * GiB)
+    with pytest.raises(ValueError, match="1024 MiB usable cannot hold 8 dask workers"):
+        amd.worker_memory_limit(8)
+
+
+def test_chunk_leaves_three_chunks_per_thread_under_the_pause_fraction() -> None:
+    # 413 MiB per worker: 64 MiB chunks got workers restarted (measured); the rule gives 16 MiB
+    assert amd.chunk_bytes(413 * MiB) == 16 * MiB
+    assert amd.chunk_bytes(413 * MiB, nthreads=4) == 4 * MiB
+    assert amd.chunk_bytes(10 * MiB) == 1 * MiB  # never under 1 MiB
+
+
+def test_cli_dask_limit_prints_the_rule_for_this_machine(machine: Callable[..., Any],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    machine(machines.docker_v1, limit=1 * GiB)
+    assert cli.main(["dask-limit", "--workers", "2", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == {"workers": 2, "usable_bytes": GiB, "memory_limit_bytes": 384 * MiB, "chunk_bytes": 16 * MiB}
+    assert cli.main(["dask-limit", "--workers", "2"]) == 0
+    assert "--memory-limit 402653184 per worker" in capsys.readouterr().out
+    assert cli.main(["dask-limit", "--workers", "9"]) == 1
+    assert "cannot hold 9 dask workers" in capsys.readouterr().err
+
+
+# -- the cluster and its plugins --------------------------------------------------------------------------------
+
+def test_cluster_workers_register_the_limit_from_limits(client: Any) -> None:
+    assert registered_limits(client) == [amd.worker_memory_limit(2)] * 2
+
+
+def _point_at(root: str) -> str:
+    old, fs_root.ROOT = fs_root.ROOT, root
+    return old
+
+
+def _status(client: Any) -> list[str]:
+    return sorted(w["status"] for w in client.scheduler_info()["workers"].values())
+
+
+def _wait_status(client: Any, wanted: str) -> None:
+    deadline = time.monotonic() + 15
+    while _status(client) != [wanted, wanted] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _status(client) == [wanted, wanted]
+
+
+def test_plugin_pauses_spills_and_resumes_as_the_scheduler_sees_it(client: Any, tmp_path: Path) -> None:
+    import dask.array as da
+
+    sim = PressureMachine(tmp_path / "root", limit=256 * MiB)
+    from distributed import wait
+
+    held = client.persist(da.arange(8 * MiB, chunks=MiB, dtype=np.float64))  # 8 chunks of 8 MiB in the workers
+    wait(held)
+    client.run(_point_at, str(sim.tree))
+    try:
+        sim.at(Level.HIGH)
+        _wait_status(client, "paused")
+        sim.at(Level.OK)
+        _wait_status(client, "running")
+    finally:
+        client.run(_point_at, "/")
+    actions = [event["action"] for _, event in client.get_events("apsi-pressure")]
+    assert actions.count("pause") >= 2 and actions.count("resume") >= 2
+    spilled = sum(event.get("spilled_bytes", 0) for _, event in client.get_events("apsi-pressure"))
+    assert spilled >= 32 * MiB  # half of the 64 MiB held, at least
+    assert float(held.sum().compute()) == (8 * MiB - 1) * 8 * MiB / 2  # spilled data still reads back
+
+
+def test_memory_limit_plugin_restarts_running_workers_with_the_new_limit(client: Any) -> None:
+    client.register_plugin(amd.MemoryLimitPlugin(4))
+    try:
+        client.wait_for_workers(2, timeout=30)
+        assert registered_limits(client) == [amd.worker_memory_limit(4)] * 2
+    finally:
+        client.register_plugin(amd.MemoryLimitPlugin(2))
+        client.wait_for_workers(2, timeout=30)
+    assert registered_limits(client) == [amd.worker_memory_limit(2)] * 2
+
+
+def test_preload_nanny_sets_the_limit_before_the_workers_register() -> None:
+    """``dask worker --preload-nanny apsi_memory.dask``, here through LocalCluster's own preload_nanny option."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      preload_nanny=["apsi_memory.dask"]) as stock, stock.get_client() as c:
+        assert registered_limits(c) == [amd.worker_memory_limit(2)] * 2  # stock: half of the host each
+        assert sum(len(p) for p in c.run(lambda dask_worker: list(dask_worker.plugins)).values()) >= 2
+
+
+# -- map(engine=client) equals the local map ----------------------------------------------------------------------
+
+def twice_plus_one(block: np.ndarray) -> np.ndarray:
+    return block * 2 + 1
+
+
+def same(local: np.ndarray, remote: np.ndarray) -> None:
+    assert (remote.shape, remote.dtype) == (local.shape, local.dtype)
+    assert remote.tobytes() == local.tobytes()
+
+
+def both(fn: Callable[[np.ndarray], np.ndarray], x: Any, rows: int, client: Any) -> tuple[np.ndarray, np.ndarray]:
+    return memory.map(fn, x, rows=rows), memory.map(fn, x, rows=rows, engine=client)
+
+
+def test_in_ram_input(client: Any) -> None:
+    x = np.random.default_rng(1).standard_normal((10_000, 7))
+    same(*both(twice_plus_one, x, 999, client))
+
+
+def test_npy_input_and_memmap_input(client: Any, tmp_path: Path) -> None:
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(30_000, dtype=np.int32).reshape(10_000, 3))
+    same(*both(twice_plus_one, str(path), 1000, client))
+    same(*both(twice_plus_one, np.load(path, mmap_mode="r")[2000:7001], 1000, client))
+
+
+def test_private_memmap_changes_are_seen(client: Any, tmp_path: Path) -> None:
+    """np.memmap mode "c": changes live in this process only, so the file must not be handed to the workers."""
+    path = tmp_path / "x.npy"
+    np.save(path, np.zeros((5000, 2)))
+    x = np.load(path, mmap_mode="c")
+    x[1234] = 7.0
+    local, remote = both(twice_plus_one, x, 1000, client)
+    same(local, remote)
+    assert remote[1234, 0] == 15.0
+
+
+def test_one_dimensional_input_with_a_new_dtype(client: Any) -> None:
+    x = np.arange(12_345, dtype=np.int16)
+    same(*both(lambda b: b.astype(np.float32) / 3, x, 1000, client))
+
+
+def test_empty_input(client: Any) -> None:
+    local, remote = both(lambda b: b.sum(axis=1), np.zeros((0, 4), np.float32), 10, client)
+    same(local, remote)
+    assert remote.shape == (0,)
+
+
+def test_spilled_output(client: Any) -> None:
+    memory.budget("1MB")  # the local output goes to a spill file too
+    x = np.random.default_rng(2).standard_normal((200_000, 4))
+    local, remote = both(twice_plus_one, x, 20_000, client)
+    assert memory.on_disk(local) and memory.on_disk(remote)
+    same(local, remote)
+
+
+def fails_on_row_3500(block: np.ndarray) -> np.ndarray:
+    if block[0] <= 3500 < block[0] + len(block):
+        raise ValueError("row 3500 is bad")
+    return block + 1
+
+
+def test_block_error_names_the_same_block_and_frees_the_output(client: Any,
+                                                              private_apsi_home: Path) -> None:
+    x = np.arange(10_000.0)
+    errors = []
+    for engine in (None, client):
+        with pytest.raises(BlockError) as caught:
+            memory.map(fails_on_row_3500, x, rows=1000, engine=engine)
+        errors.append(caught.value)
+    assert str(errors[1]) == str(errors[0]) == "fn failed on rows 3000:4000 (block 4 of 10): ValueError: row 3500 is bad"
+    assert isinstance(errors[1].__cause__, ValueError)
+    spill_dir = private_apsi_home / "spill"
+    assert not spill_dir.exists() or not list(spill_dir.iterdir())  # input copy and output both deleted
+
+
+def float32_in_block_3(block: np.ndarray) -> np.ndarray:
+    return block.astype(np.float32) if block[0] == 2000 else block * 1.0
+
+
+def test_dtype_mismatch_names_the_block(client: Any) -> None:
+    x = np.arange(5000.0)
+    messages = []
+    for engine in (None, client):
+        with pytest.raises(ChunkError) as caught:
+            memory.map(float32_in_block_3, x, rows=1000, engine=engine)
+        messages.append(str(caught.value))
+    assert messages[1] == messages[0] and "rows 2000:3000 (block 3 of 5)" in messages[0]
+
+
+# -- the traps ------------------------------------------------------------------------------------------------------
+
+def test_memmap_input_travels_as_a_path_not_as_its_data(tmp_path: Path) -> None:
+    """numpy #2049: an np.memmap pickles as the whole array. The tasks get its file and offset instead."""
+    path = tmp_path / "x.npy"
+    np.save(path, np.ones((4096, 1024)))  # 32 MiB
+    m = np.load(path, mmap_mode="r")
+    assert len(pickle.dumps(m[1024:])) > 24 * MiB  # what sending the array would cost
+    found = rows_in_file(m[1024:])
+    assert found is not None and found.path == str(path) and len(pickle.dumps(found)) < 1024
+    assert np.array_equal(found.open(0, 3072), m[1024:])
+
+
+def test_to_dask_of_a_memmap_holds_no_data_in_its_graph(client: Any, tmp_path: Path) -> None:
+    """dask #11850: da.from_array copies an np.memmap into RAM; to_dask's tasks read the file by path."""
+    path = tmp_path / "x.npy"
+    x = np.random.default_rng(3).standard_normal((4096, 1024))
+    np.save(path, x)
+    d = memory.to_dask(np.load(path, mmap_mode="r"), rows=512)
+    assert d.chunks[0] == (512,) * 8
+    assert len(pickle.dumps(dict(d.__dask_graph__()))) < 64 * 1024  # the data is 32 MiB
+    assert client.compute(d).result().tobytes() == x.tobytes()
+    scattered = memory.to_dask(x, rows=1000, client=client)  # no shared files: blocks sent one at a time
+    assert scattered.chunks[0] == (1000,) * 4 + (96,)
+    assert client.compute(scattered * 2 + 1).result().tobytes() == (x * 2 + 1).tobytes()
+
+
+def test_output_file_itself_is_right_under_a_process_cluster(client: Any) -> None:
+    """da.store into an open_memmap under processes wrote to pickled copies and left the file wrong; the tasks
+    here open the output by path, so the file on disk (read back independently) holds the result."""
+    x = np.random.default_rng(4).standard_normal((100_000, 4))
+    out = memory.map(twice_plus_one, x, rows=10_000, engine=client)
+    on_disk = np.load(out.filename)  # type: ignore[attr-defined]
+    assert on_disk.tobytes() == (x * 2 + 1).tobytes()
+
+
+def test_file_rows_refuses_nothing_silently_for_a_scattered_view() -> None:
+    x = np.ones((100, 4))
+    assert rows_in_file(x) is None and rows_in_file(x[:, :2]) is None  # in RAM: copied to a spill file first
+    assert FileRows("", 0, np.dtype("f8"), (0, 4)).open().shape == (0, 4)
+
+
+# -- real cgroup --------------------------------------------------------------------------------------------------
+
+REAL_SCRIPT = """
+import json, dask.array as da
+from apsi_memory.dask import cluster, chunk_bytes
+if __name__ == "__main__":
+    with cluster(n_workers=2, dashboard_address=":0") as c, c.get_client() as client:
+        limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+        rows = chunk_bytes(min(limits)) // 8
+        x = da.ones(1536 * 2**20 // 8, chunks=rows)
+        y = (x * 2 + 1).persist()
+        total = float(y.sum().compute())
+        print(json.dumps({"limits": limits, "total": total, "n": x.shape[0]}))
+"""
+
+
+@pytest.mark.real
+def test_in_a_1gib_group_workers_get_at_most_half_and_1_5gib_completes(memcg: Any, tmp_path: Path) -> None:
+    """Real v1 group of 1 GiB, 2 workers, 1.5 GiB persisted through x*2+1: 0 OOM kills expected (1 run)."""
+    script = tmp_path / "real_dask.py"
+    script.write_text(REAL_SCRIPT)
+    with memcg(GiB, prefix=f"apsi-i12dask-{os.getpid()}") as group:
+        done = group.run([sys.executable, str(script)], timeout=240, cwd=os.getcwd())
+        kills = group.oom_kills()
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(result["limits"]) == 2 and max(result["limits"]) <= GiB // 2
+    assert result["total"] == 3.0 * result["n"] and kills == 0
+
+
+# -- the extra stays optional ---------------------------------------------------------------------------------------
+
+def test_the_core_never_imports_dask_and_says_how_to_get_it() -> None:
+    script = (
+        "import sys\n"
+        "import numpy as np, apsi_memory as memory\n"
+        "memory.map(lambda b: b, np.ones(10)); memory.limits(); memory.status()\n"
+        "assert not {'dask', 'distributed'} & set(sys.modules), 'the core imported dask'\n"
+        "sys.modules['distributed'] = None  # as if the extra were not installed\n"
+        "try:\n"
+        "    memory.map(lambda b: b, np.ones(10), engine=object())\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'apsi-memory[dask]'" in done.stdout
