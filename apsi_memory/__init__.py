@@ -38,10 +38,14 @@ from .errors import (
     DiskFullError,
     MissingExtraError,
     MissingKeyError,
+    NotCachedWarning,
+    OldEntryWarning,
     PoolError,
     SizeError,
+    StoreClosedError,
     SystemCallError,
     TamperWarning,
+    UnloadableWarning,
     UnsafePathError,
 )
 from .units import parse_size
@@ -99,6 +103,10 @@ __all__ = [
     "MissingKeyError",
     "SystemCallError",
     "UnsafePathError",
+    "StoreClosedError",
+    "UnloadableWarning",
+    "OldEntryWarning",
+    "NotCachedWarning",
     # chunks and map
     "chunks",
     "map",

@@ -13,6 +13,7 @@ classes below; the README shows the same drawing)::
     ├── CorruptFileError(ValueError)
     ├── ChunkError(ValueError)
     ├── DiskFullError(OSError)
+    ├── StoreClosedError(ValueError)
     ├── UnsafePathError(PermissionError)
     ├── SystemCallError(OSError)
     ├── MissingKeyError(KeyError)
@@ -21,7 +22,10 @@ classes below; the README shows the same drawing)::
     └── BatchTooSmallError(MemoryError)
     UserWarning
     ├── TamperWarning
-    └── BudgetWarning
+    ├── BudgetWarning
+    ├── UnloadableWarning
+    ├── OldEntryWarning
+    └── NotCachedWarning
 """
 
 from __future__ import annotations
@@ -92,6 +96,23 @@ class MissingKeyError(ApsiMemoryError, KeyError):
 
 class MissingExtraError(ApsiMemoryError, ImportError):
     """An optional feature whose extra is not installed; says which ``pip install`` adds it."""
+
+
+class StoreClosedError(ApsiMemoryError, ValueError):
+    """``get``/``set`` (or any other use) of a store after its ``close()``; names the store."""
+
+
+class UnloadableWarning(UserWarning):
+    """A store entry whose signature checked out but that cannot be loaded here (a renamed class, a changed
+    module); it reads as a miss and stays on disk for the processes that can load it."""
+
+
+class OldEntryWarning(UserWarning):
+    """Entries signed by an older apsi_memory (before signatures named their store and version) read as misses."""
+
+
+class NotCachedWarning(UserWarning):
+    """``@cached`` returned its result but could not keep it (a full disk)."""
 
 
 class BudgetWarning(UserWarning):

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from xxhash import xxh3_128
 
+from .errors import ArgumentTypeError
+
 
 def array_digest(array: np.ndarray) -> bytes:
     """XXH3-128 of dtype, shape and bytes (C order; a non-contiguous array is copied once to get there)."""
@@ -61,7 +63,7 @@ def value_digest(value: Any) -> bytes:
     try:
         _DigestPickler(sink, protocol=5).dump(value)
     except (pickle.PicklingError, TypeError, AttributeError) as err:
-        raise TypeError(f"cannot hash a value of type {type(value).__name__} for a cache key: {err}") from err
+        raise ArgumentTypeError(f"cannot hash a value of type {type(value).__name__} for a cache key: {err}") from err
     return sink.hash.digest()
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import queue
 import threading
 import weakref
@@ -148,7 +149,26 @@ class _Clearer:
             del pool, buffer  # do not keep the last pool alive while waiting
 
 
+    def after_fork_in_child(self) -> None:
+        """The thread does not exist in a forked child, but ``_thread`` (and maybe the lock, taken) came along:
+        start over, so the child's first give starts its own thread instead of never clearing again. Buffers
+        queued in the parent stay unclean in the child, which only costs a fresh buffer instead of a spare."""
+        self._work = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+
 _clearer = _Clearer()
+_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    _clearer.after_fork_in_child()
+    for pool_ in list(_pools):
+        pool_._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # -- the pool ----------------------------------------------------------------------------------------------------
@@ -164,7 +184,14 @@ class Pool:
         self._level = api.current_level()
         self._wants_zero = False
         self._lock = threading.Lock()
+        _pools.add(self)
         reactions.register(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The clearing thread may have held this lock, or a buffer (``busy``), when another thread forked."""
+        self._lock = threading.Lock()
+        for buffer in self._spares:
+            buffer.busy = False  # no thread clears it here; it stays unclean until cleared again
 
     # -- take and give -------------------------------------------------------------------------------------------
 
