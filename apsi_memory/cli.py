@@ -1,4 +1,5 @@
-"""``apsi-memory status | limits | pressure [--watch SECONDS]``, each with ``--json``."""
+"""``apsi-memory status | limits | pressure [--watch SECONDS]``, each with ``--json``; ``spill | stores | clean``
+(``cli_files``); ``--version``."""
 
 from __future__ import annotations
 
@@ -9,15 +10,30 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from . import cli_files
+from ._version import __version__
 from .api import limits, pressure, status
 from .errors import ApsiMemoryError
 
 COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
 
 
+class _Subcommand(argparse.ArgumentParser):
+    """A subcommand's parser that rejects a flag it does not know itself, with its own usage line (argparse
+    otherwise hands unknown arguments back up, and the top-level usage is shown)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed, unknown
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apsi-memory", description="The memory this program really has.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Subcommand)
     for name, help_text in (("status", "RAM, swap, SSD, cores and GPUs in one line"),
                             ("limits", "usable memory: the smaller of the host and the cgroup limit"),
                             ("pressure", "the pressure level, free memory and PSI stalls")):
@@ -26,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     watch = sub.choices["pressure"]
     watch.add_argument("--watch", type=float, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
     watch.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N readings")
+    cli_files.add_commands(sub)
     return parser
 
 
@@ -35,6 +52,8 @@ def _show(reading: object, as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in cli_files.COMMANDS:
+        return cli_files.run(args)
     read = COMMANDS[args.command]
     watch = getattr(args, "watch", None)
     if watch is not None and watch <= 0:
