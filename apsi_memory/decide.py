@@ -157,6 +157,26 @@ def place(nbytes: int, budget_left: int, level: Level) -> Place:
     return Place.RAM
 
 
+def place_reason(nbytes: int, budget_left: int, budget: int, level: Level) -> str:
+    """Why ``place`` decided as it did, in the words ``report()`` shows after the place: ``fits the budget (1.2 of
+    4.0 GB left)``, ``6.0 GB is more than the 1.2 GB left of the budget``, ``pressure high``."""
+    if nbytes < SMALL_ARRAY_BYTES:
+        return "under 1 MiB, always in RAM"
+    if level >= Level.HIGH:
+        return f"pressure {level}"
+    if nbytes > budget_left:
+        size, left, unit = _one_unit(nbytes, budget_left)
+        return f"{size} {unit} is more than the {left} {unit} left of the budget"
+    left, total, unit = _one_unit(budget_left, budget)
+    return f"fits the budget ({left} of {total} {unit} left)"
+
+
+def _one_unit(*sizes: int) -> tuple[str, ...]:
+    """The sizes with one decimal in one unit: GB (2^30) when the largest is at least 1 GB, else MB (2^20)."""
+    unit, name = (1 << 30, "GB") if max(sizes) >= 1 << 30 else (1 << 20, "MB")
+    return (*(f"{size / unit:.1f}" for size in sizes), name)
+
+
 # -- eviction ----------------------------------------------------------------------------------------------------
 
 EVICT_TO_SHARE = 0.90
