@@ -50,6 +50,9 @@ _budget_set: int | None = None
 
 @dataclass(frozen=True)
 class Budget(_Reading):
+    """The RAM budget for big arrays: ``bytes``, and ``source``, where it came from. ``float(b)`` and ``b.gb`` are
+    it in GB (2^30)."""
+
     bytes: int
     source: str  # "70 % of free", "set by budget()", or "APSI_RAM_BUDGET"
 
@@ -91,6 +94,18 @@ def _budget_from(reading: MemoryReading) -> Budget:
 
 @dataclass(frozen=True)
 class Limits(_Reading):
+    """What this process may use, from its cgroup and the host (``limits()``).
+
+    * ``usable_bytes``: the smaller of the host's RAM and the smallest cgroup limit up the hierarchy;
+    * ``free_bytes``: the smaller of the host's ``MemAvailable`` and the cgroup's headroom (limit less working set);
+    * ``budget_bytes``: the RAM budget for big arrays (see ``budget()``);
+    * ``source``: ``"host"``, ``"container (cgroup v1)"`` or ``"container (cgroup v2)"``;
+    * ``cgroup``, ``cgroup_version``: the group as ``/proc/self/cgroup`` names it, and 1 or 2 (``None`` on a host);
+    * ``limit_bytes``, ``limit_file``: the smallest limit (``None`` when unlimited) and the file that set it;
+    * ``working_set_bytes``: the group's usage less its inactive page cache (what counts as used);
+    * ``host_total_bytes``, ``host_available_bytes``: ``MemTotal`` and ``MemAvailable`` of ``/proc/meminfo``.
+    """
+
     usable_bytes: int
     free_bytes: int
     budget_bytes: int
@@ -116,6 +131,8 @@ def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
 
 
 def limits() -> Limits:
+    """Usable memory, free memory and the budget, from the cgroup (limits re-read on every call) and the host.
+    ``str()``: ``1.0 GB usable (container (cgroup v1)), 1.0 GB free, budget 0.7 GB``."""
     reading = read_memory()
     return Limits(
         usable_bytes=reading.usable, free_bytes=reading.free, budget_bytes=_budget_from(reading).bytes,
@@ -128,6 +145,17 @@ def limits() -> Limits:
 
 @dataclass(frozen=True)
 class Pressure(_Reading):
+    """One pressure reading (``pressure()``).
+
+    * ``level``: ``ok``, ``moderate``, ``high`` or ``critical``, the worst of the three signals below
+      (``decide.LEVEL_TABLE``);
+    * ``free_bytes``, ``usable_bytes``, ``free_fraction``: free memory, usable memory, and the first over the second;
+    * ``some``: PSI ``some`` avg10, the percent of the last 10 s in which at least one task waited for memory;
+    * ``full``: PSI ``full`` avg10, the percent in which every non-idle task waited at once (no work was done);
+    * ``psi_source``: the file they came from (the cgroup's ``memory.pressure`` or ``/proc/pressure/memory``).
+      ``some``/``full``/``psi_source`` are ``None`` where the kernel has no PSI, never 0.
+    """
+
     level: Level
     free_bytes: int
     usable_bytes: int
@@ -199,6 +227,10 @@ def _load(root: str | None) -> float:
 
 @dataclass(frozen=True)
 class Status(_Reading):
+    """Everything at a glance (``status()``): RAM free and usable (as ``limits()``), where that came from, this
+    program's resident set (``process_rss_bytes``), the budget, free swap, the spill folder and the space free there,
+    the CPUs this process may run on (``cores``), the 1-minute load average, and each GPU."""
+
     ram_free_bytes: int
     ram_usable_bytes: int
     source: str
@@ -221,6 +253,9 @@ class Status(_Reading):
 
 
 def status() -> Status:
+    """RAM, swap, SSD, cores and GPUs in one reading; ``str()`` is the one line ``apsi-memory status`` prints:
+    ``RAM 3.0/4.0 GB free (this program 0.04 GB, budget 2.1 GB) | swap 0.0 GB | SSD 78 GB free at ~/.apsi/spill |
+    2 cores, load 0.34 | no GPU``."""
     from .devices import gpus  # devices builds on this module (cores, limits): keep the import graph one-way
 
     root = resolve(None)

@@ -30,8 +30,17 @@ import enum
 from dataclasses import dataclass
 
 
-class Level(str, enum.Enum):
-    """``ok`` < ``moderate`` < ``high`` < ``critical``. Compares with the plain strings too (``level == "high"``)."""
+class _StrChoices(enum.EnumMeta):
+    """The type of our str enums: ``dir()``, and so ``help()``, leaves out the ~45 methods every ``str`` has (they
+    still work), which otherwise fill most of ``help(apsi_memory)``."""
+
+    def __dir__(cls) -> list[str]:
+        return sorted(name for name in {*super().__dir__(), *vars(cls)} if name in vars(cls) or not hasattr(str, name))
+
+
+class Level(str, enum.Enum, metaclass=_StrChoices):
+    """A pressure level: ``ok`` < ``moderate`` < ``high`` < ``critical`` (``LEVEL_TABLE`` says when each is
+    entered and left). A ``str``: compares with the plain strings too (``level == "high"``, ``level >= "high"``)."""
 
     OK = "ok"
     MODERATE = "moderate"
@@ -135,7 +144,9 @@ def default_budget(free_bytes: int, held_bytes: int = 0) -> int:
 
 # -- placement ---------------------------------------------------------------------------------------------------
 
-class Place(str, enum.Enum):
+class Place(str, enum.Enum, metaclass=_StrChoices):
+    """Where ``memory.array`` put an array: ``RAM`` or ``SSD`` (a memory-mapped spill file). A ``str``."""
+
     RAM = "RAM"
     SSD = "SSD"
 
