@@ -48,8 +48,8 @@ _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on
 
 class ArrayRecord(NamedTuple):
     """One live ``memory.array``: what ``report()`` lists. ``str()`` is the SPEC's line and why it went there:
-    ``[200000000, 8] float32 5.960 GB SSD /home/me/.apsi/spill/apsi-….npy (6.0 GB is more than the 1.2 GB left
-    of the budget)``."""
+    ``[200000000, 8] float32 5.960 GB SSD /home/me/.apsi/spill/apsi-….npy — 6.0 GB is more than the 1.2 GB left
+    of the budget``."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -65,7 +65,7 @@ class ArrayRecord(NamedTuple):
 
     def __str__(self) -> str:
         where = f"{self.place} {self.path}" if self.path else str(self.place)
-        return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where} ({self.why})"
+        return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where} — {self.why}"
 
 
 _T = TypeVar("_T", bound="_Tracked")

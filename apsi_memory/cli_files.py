@@ -12,6 +12,13 @@ from . import inventory, paths
 from .units import fmt_mb
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``, ``0 spill files``."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun[:-1]}ies" if noun.endswith("y") else f"{n} {noun}s"
+
+
 def add_commands(sub: Any) -> None:
     """Add the three commands to the main parser's subparsers."""
     for name, help_text in (("spill", "spill files: owner pid, alive or not, size, age, total"),
@@ -30,7 +37,7 @@ def _spill(args: argparse.Namespace) -> dict[str, Any]:
         for f in files:
             print(f)
         dead = sum(not f.alive for f in files)
-        print(f"{len(files)} spill files, {fmt_mb(sum(f.size_bytes for f in files))} in total, {dead} of dead "
+        print(f"{counted(len(files), 'spill file')}, {fmt_mb(sum(f.size_bytes for f in files))} in total, {dead} of dead "
               f"owners, in {paths.display(paths.spill_dir())}")
     return {"folder": paths.spill_dir(), "files": [inventory.as_dict(f) for f in files],
             "total_bytes": sum(f.size_bytes for f in files)}
@@ -41,7 +48,7 @@ def _stores(args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         for s in found:
             print(s)
-        print(f"{len(found)} stores, {fmt_mb(sum(s.bytes_on_ssd for s in found))} on the SSD, in "
+        print(f"{counted(len(found), 'store')}, {fmt_mb(sum(s.bytes_on_ssd for s in found))} on the SSD, in "
               f"{paths.display(paths.store_dir())}")
     return {"folder": paths.store_dir(), "stores": [inventory.as_dict(s) for s in found]}
 
@@ -53,9 +60,10 @@ def _clean(args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         for f in removed:
             print(f"{verb} {paths.display(f.path)} ({fmt_mb(f.size_bytes)}, pid {f.pid} dead)")
-        print(f"{verb} {len(removed)} spill files of dead owners ({fmt_mb(sum(f.size_bytes for f in removed))})")
+        print(f"{verb} {counted(len(removed), 'spill file')} of dead owners ({fmt_mb(sum(f.size_bytes for f in removed))})")
         if cleared is not None:
-            print(f"{'would clear' if args.dry_run else 'cleared'} store {cleared.name}: {cleared.entries} entries")
+            print(f"{'would clear' if args.dry_run else 'cleared'} store {cleared.name}: "
+                  f"{counted(cleared.entries or 0, 'entry')}")
     return {"dry_run": args.dry_run, "spill_files": [inventory.as_dict(f) for f in removed],
             "store": None if cleared is None else inventory.as_dict(cleared)}
 

@@ -58,7 +58,8 @@ class StoreFolder:
     limit_bytes: int | None
 
     def __str__(self) -> str:
-        entries = "? entries (another user's)" if self.entries is None else f"{self.entries} entries"
+        entries = "? entries (another user's)" if self.entries is None else \
+            f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
         limit = "limit set when opened" if self.limit_bytes is None else f"limit {fmt_mb(self.limit_bytes)}"
         return f"{self.name}: {entries}, {fmt_mb(self.bytes_on_ssd)} on the SSD, {limit}  {paths.display(self.path)}"
 

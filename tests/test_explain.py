@@ -44,7 +44,7 @@ def test_report_says_why_each_array_is_where_it_is(pressure_machine: PressureMac
                        "SSD: 80.0 MB is more than the 60.0 MB left of the budget",
                        "SSD: pressure high"]
     assert str(new(before)[1]) == (f"[80, 1048576] uint8 0.078 GB SSD {too_big.filename} "
-                                   "(80.0 MB is more than the 60.0 MB left of the budget)")
+                                   "— 80.0 MB is more than the 60.0 MB left of the budget")
     for x in (in_ram, too_big, small_but_high):
         memory.free(x)
 
