@@ -9,10 +9,11 @@ import apsi_memory as memory
 
 
 def test_help_of_the_package_is_not_buried_under_inherited_str_methods() -> None:
-    """Before: 2,525 lines, ~900 of them the str methods of Level and Place; now ~1,780 (Python 3.11)."""
+    """Before: 2,525 lines on Python 3.11, ~900 of them the str methods of Level and Place; now 1,781 (3.11) and
+    1,946 (3.13, whose pydoc shows more of each signature)."""
     text = pydoc.render_doc(memory, renderer=pydoc.plaintext)
     assert "inherited from builtins.str" not in text
-    assert len(text.splitlines()) < 1900
+    assert len(text.splitlines()) < 2100
     level = pydoc.render_doc(memory.Level, renderer=pydoc.plaintext)
     assert len(level.splitlines()) < 120 and "rank" in level and "parse" in level
 
