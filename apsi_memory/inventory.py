@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import paths, spill
+from .errors import CorruptFileError
 from .store import Store, resolve_folder
 from .units import fmt_mb
 
@@ -47,18 +48,19 @@ class SpillFile:
 
 @dataclass(frozen=True)
 class StoreFolder:
-    """One store under the store folder. ``entries`` is ``None`` for another user's store (not opened);
-    ``limit_bytes`` is ``None`` because the SSD limit is not kept on disk: each process passes its own
-    ``disk_gb`` when it opens the store (default ``store.DEFAULT_DISK_GB``)."""
+    """One store under the store folder. ``entries`` is ``None`` when it was not opened: another user's store,
+    or one that cannot be read (``problem`` says why). ``limit_bytes`` is ``None`` because the SSD limit is not
+    kept on disk: each process passes its own ``disk_gb`` when it opens the store (``store.DEFAULT_DISK_GB``)."""
 
     name: str
     path: str
     entries: int | None
     bytes_on_ssd: int
     limit_bytes: int | None
+    problem: str | None = None
 
     def __str__(self) -> str:
-        entries = "? entries (another user's)" if self.entries is None else \
+        entries = f"? entries ({self.problem})" if self.entries is None else \
             f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
         limit = "limit set when opened" if self.limit_bytes is None else f"limit {fmt_mb(self.limit_bytes)}"
         return f"{self.name}: {entries}, {fmt_mb(self.bytes_on_ssd)} on the SSD, {limit}  {paths.display(self.path)}"
@@ -147,15 +149,19 @@ def stores(folder: str | None = None) -> list[StoreFolder]:
         info = _store_folder(path)
         if info is None:
             continue
-        entries = _count(name, path) if info.st_uid == os.getuid() else None
-        found.append(StoreFolder(name, path, entries, _bytes_under(path), None))
+        entries, problem = _count(name, path) if info.st_uid == os.getuid() else (None, "another user's")
+        found.append(StoreFolder(name, path, entries, _bytes_under(path), None, problem))
     return found
 
 
-def _count(name: str, path: str) -> int:
-    opened = _open(name, path)
+def _count(name: str, path: str) -> tuple[int | None, str | None]:
+    """The number of entries, or ``None`` and why the store could not be opened (a damaged index, no access)."""
     try:
-        return len(opened)
+        opened = _open(name, path)
+    except (CorruptFileError, OSError) as exc:
+        return None, str(exc)
+    try:
+        return len(opened), None
     finally:
         opened.close()
 
@@ -173,7 +179,10 @@ def clear_store(name: str, dry_run: bool = False) -> StoreFolder:
         raise ValueError(f"there is no store {name!r} in {paths.display(paths.store_dir())}")
     if info.st_uid != os.getuid():
         raise ValueError(f"store {name!r} belongs to uid {info.st_uid}, not to this user")
-    before = StoreFolder(name, path, _count(name, path), _bytes_under(path), None)
+    entries, problem = _count(name, path)
+    if problem is not None:
+        raise ValueError(f"store {name!r} cannot be opened: {problem}")
+    before = StoreFolder(name, path, entries, _bytes_under(path), None)
     if not dry_run:
         opened = _open(name, path)
         try:

@@ -89,6 +89,19 @@ def test_stores_lists_entries_and_bytes_and_clean_store_clears_one(tmp_path: Pat
     assert len(memory.store("emb")) == 0 and len(memory.store("kept")) == 1
 
 
+def test_a_damaged_store_is_listed_with_its_problem_and_the_others_still_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
+    memory.store("good").set("a", 1)
+    (tmp_path / "stores" / "bad").mkdir()
+    (tmp_path / "stores" / "bad" / "index").write_bytes(b"not a journal")
+    listed = {s.name: s for s in inventory.stores()}
+    assert listed["good"].entries == 1 and listed["bad"].entries is None
+    assert "wrong magic" in (listed["bad"].problem or "") and "wrong magic" in str(listed["bad"])
+    result = run("clean", "--store", "bad")
+    assert result.returncode == 1 and "cannot be opened" in result.stderr
+
+
 def test_clean_store_names_a_bad_name_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
     for name, says in (("../etc", "plain name"), ("nothing", "there is no store 'nothing'")):
