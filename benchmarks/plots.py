@@ -105,11 +105,13 @@ def rss_figure(plt: Any, out: str, rows: int, folder: str) -> None:
             proc = subprocess.Popen(rss_stream.argv_for(way, path, 1_000_000, "sum"), cwd=ROOT,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             times, values = sample(proc, functools.partial(vm_rss, proc.pid), 0.02)
-            peak = max(values) / MiB
-            ax.plot(times, [v / MiB for v in values], label=f"{way} (peak {peak:,.0f} MB)", color=STYLE[way])
+            peak, took = max(values) / MiB, times[-1]
+            # Runs take 1 to 15 s: each on its own time scale, so the fast ones are not a smudge at the left.
+            ax.plot([100 * t / took for t in times], [v / MiB for v in values], color=STYLE[way],
+                    label=f"{way}: peak {peak:,.0f} MB ({took:.1f} s)")
     finally:
         os.unlink(path)
-    ax.set(xlabel="seconds since the child started (imports included)", ylabel="RSS (MB)",
+    ax.set(xlabel="% of the run (the child's whole life, imports included)", ylabel="RSS (MB)",
            title=f"Streaming a {rows * rss_stream.COLS * 4 / GiB:.1f} GB .npy in 1,000,000-row blocks (warm cache)")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -228,28 +230,44 @@ def read_int(path: str) -> int | None:
         return None
 
 
-def oom_run(group: str, make: str, spill: str) -> tuple[list[float], list[int], int]:
+def group_reading(group: str) -> tuple[int, int] | None:
+    """The group's usage (what the kernel holds against the limit, page cache included) and its anonymous
+    memory (``total_rss`` in ``memory.stat``: what cannot be dropped or written back)."""
+    usage = read_int(os.path.join(group, "memory.usage_in_bytes"))
+    try:
+        with open(os.path.join(group, "memory.stat")) as f:
+            rss = next(int(line.split()[1]) for line in f if line.startswith("total_rss "))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return None if usage is None else (usage, rss)
+
+
+def oom_run(group: str, make: str, spill: str) -> tuple[list[float], list[tuple[int, int]], int]:
     argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', group, sys.executable, "-c", OOM_SCRIPT,
             make]
     env = {**os.environ, "APSI_SPILL_DIR": spill, "PYTHONPATH": ROOT}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    times, values = sample(proc, lambda: read_int(os.path.join(group, "memory.usage_in_bytes")), 0.05)
+    times, values = sample(proc, functools.partial(group_reading, group), 0.05)
     return times, values, proc.returncode
 
 
 def oom_figure(plt: Any, out: str, folder: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.4))
+    """The solid lines are what the kernel counts against the limit: memory.array's spill files fill it with page
+    cache, which the kernel writes back and drops as needed; the dotted ones are the part it cannot drop."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     for make in ("numpy.zeros", "memory.array"):
         with memory_group(GiB) as group:
             times, values, code = oom_run(group, make, folder)
         outcome = "killed by the kernel" if code == -signal.SIGKILL else f"exit {code}"
-        ax.plot(times, [v / MiB for v in values], color=STYLE[make], label=f"{make}: {outcome}")
+        ax.plot(times, [usage / MiB for usage, _ in values], color=STYLE[make], label=f"{make}: {outcome}")
+        ax.plot(times, [rss / MiB for _, rss in values], color=STYLE[make], linestyle=":",
+                label=f"{make}: of which anonymous (RSS)")
         if code == -signal.SIGKILL:
-            ax.plot(times[-1:], [values[-1] / MiB], "X", color=STYLE[make], markersize=10)
+            ax.plot(times[-1:], [values[-1][0] / MiB], "X", color=STYLE[make], markersize=10)
     ax.axhline(1024, color="black", linestyle="--", linewidth=1, label="the group's limit (1 GiB)")
     ax.set(xlabel="seconds", ylabel="group memory usage (MB)", ylim=(0, 1250),
            title="Three 1 GiB arrays filled in a 1 GiB container (cgroup v1)")
-    ax.legend(loc="lower right")
+    ax.legend(loc="center right", fontsize="small")
     ax.grid(alpha=0.3)
     save(fig, os.path.join(out, "oom.png"))
 
