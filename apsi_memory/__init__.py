@@ -49,6 +49,7 @@ from .errors import (
     UnsafePathError,
 )
 from .units import parse_size
+from ._version import __version__ as __version__
 
 # -- foundation: status, limits, pressure, budget (api.py) --
 from .api import Budget, Limits, Pressure, Status, budget, cores, current_level, limits, pressure, status

@@ -51,6 +51,9 @@ _budget_set: int | None = None
 
 @dataclass(frozen=True)
 class Budget(_Reading):
+    """The RAM budget for big arrays: ``bytes``, and ``source``, where it came from. ``float(b)`` and ``b.gb`` are
+    it in GB (2^30)."""
+
     bytes: int
     source: str  # "70 % of free", "set by budget()", or "APSI_RAM_BUDGET"
 
@@ -148,6 +151,8 @@ def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
 
 
 def limits() -> Limits:
+    """Usable memory, free memory and the budget, from the cgroup (limits re-read on every call) and the host.
+    ``str()``: ``1.0 GB usable (container (cgroup v1)), 1.0 GB free, budget 0.7 GB``."""
     reading = read_memory()
     return Limits(
         usable_bytes=reading.usable, free_bytes=reading.free, budget_bytes=_budget_from(reading).bytes,
@@ -160,6 +165,19 @@ def limits() -> Limits:
 
 @dataclass(frozen=True)
 class Pressure(_Reading):
+    """One pressure reading (``pressure()``).
+
+    * ``level``: ``ok``, ``moderate``, ``high`` or ``critical``, the worst of the three signals below
+      (``decide.LEVEL_TABLE``);
+    * ``free_bytes``, ``usable_bytes``, ``free_fraction``: free memory, usable memory, and the first over the second;
+    * ``some``: PSI ``some`` avg10, the percent of the last 10 s in which at least one task waited for memory;
+    * ``full``: PSI ``full`` avg10, the percent in which every non-idle task waited at once (no work was done);
+    * ``psi_source``: the file they came from (the cgroup's ``memory.pressure`` or ``/proc/pressure/memory``).
+      ``some``/``full``/``psi_source`` are ``None`` where the kernel has no PSI, never 0;
+    * ``cause``: the signal(s) past the level's thresholds, e.g. ``some ≥ 5 %`` (``None`` at ``ok``);
+    * ``psi_problem``: why stalls are not available although a PSI file is there (it could not be parsed).
+    """
+
     level: Level
     free_bytes: int
     usable_bytes: int
@@ -236,6 +254,10 @@ def _load(root: str | None) -> float:
 
 @dataclass(frozen=True)
 class Status(_Reading):
+    """Everything at a glance (``status()``): RAM free and usable (as ``limits()``), where that came from, this
+    program's resident set (``process_rss_bytes``), the budget, free swap, the spill folder and the space free there,
+    the CPUs this process may run on (``cores``), the 1-minute load average, and each GPU."""
+
     ram_free_bytes: int
     ram_usable_bytes: int
     source: str
@@ -258,6 +280,9 @@ class Status(_Reading):
 
 
 def status() -> Status:
+    """RAM, swap, SSD, cores and GPUs in one reading; ``str()`` is the one line ``apsi-memory status`` prints:
+    ``RAM 3.0/4.0 GB free (this program 0.04 GB, budget 2.1 GB) | swap 0.0 GB | SSD 78 GB free at ~/.apsi/spill |
+    2 cores, load 0.34 | no GPU``."""
     from .devices import gpus  # devices builds on this module (cores, limits): keep the import graph one-way
 
     root = resolve(None)

@@ -31,6 +31,7 @@ def progress_bar(show: bool, total_rows: int, what: str) -> Progress:
     try:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:
-        raise MissingExtraError("progress=True needs tqdm: pip install 'apsi-memory[progress]'") from None
+        raise MissingExtraError("progress=True needs tqdm: pip install 'apsi-memory[progress]', or pip install "
+                                "'.[progress]' in a checkout of apsi_memory") from None
     bar: Progress = tqdm(total=total_rows, unit=" rows", unit_scale=True, desc=what)
     return bar

@@ -11,13 +11,18 @@ the ``on_pressure`` watcher thread; both feed ``notify`` here, which calls each 
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-from .decide import Level
+from .decide import Level, ram_tier_limit
+
+# Documented logger names (README, "Logging"): level changes, and what each component did about one.
+level_log = logging.getLogger("apsi_memory.pressure")
+reaction_log = logging.getLogger("apsi_memory.reactions")
 
 
 class Component(Protocol):
@@ -45,12 +50,30 @@ def components() -> list[Component]:
         return list(_components)
 
 
-def notify(level: Level) -> None:
-    """Tell every component the new level; at ``critical`` also collect garbage (the SPEC's last resort)."""
+def notify(level: Level, previous: Level = Level.OK) -> None:
+    """Tell every component the new level; at ``critical`` also collect garbage (the SPEC's last resort). What a
+    component does differently from the previous level is logged (INFO, ``apsi_memory.reactions``)."""
     for component in components():
         component.on_level(level)
+        taken = reaction(component, level)
+        if taken is not None and taken != reaction(component, previous):
+            reaction_log.info("%s at %s", taken, level)
     if level >= Level.CRITICAL:
         gc.collect()
+
+
+_RAM_TIER = {2: "RAM tier back to its full size", 1: "RAM tier halved", 0: "RAM tier emptied"}
+
+
+def reaction(component: Component, level: Level) -> str | None:
+    """What ``component`` does at ``level``, in words: ``store embeddings: RAM tier halved``. Stores are known by
+    their ``label`` and pools by their type name (this module imports neither); anything else: ``None``."""
+    label = getattr(component, "label", None)
+    if isinstance(label, str):
+        return f"store {label}: {_RAM_TIER[ram_tier_limit(2, level)]}"  # the same rule the store applies
+    if type(component).__name__ == "Pool":
+        return "pool: spare buffers dropped" if level >= Level.HIGH else "pool: keeps spare buffers"
+    return None
 
 
 def relieve_components() -> None:
@@ -103,19 +126,21 @@ class LevelTracker:
         """Record the level read under ``ticket`` unless a newer reading was published; returns the level now."""
         with self._lock:
             self.measurements += 1
-            changed = ticket > self._published and level != self.level
+            previous = self.level
+            changed = ticket > self._published and level != previous
             if ticket > self._published:
                 self._published, self.level = ticket, level
         if changed:
-            self._announce(level)
+            self._announce(level, previous)
         return self.level
 
-    def _announce(self, level: Level) -> None:
+    def _announce(self, level: Level, previous: Level) -> None:
         # Announcements run outside the lock (components take their own locks), so two may cross: whoever
         # announced last checks that what it said is still the newest level and says the newest one otherwise.
         while True:
-            notify(level)
+            level_log.info("pressure level %s -> %s", previous, level)
+            notify(level, previous)
             with self._lock:
                 if self.level == level:
                     return
-                level = self.level
+                previous, level = level, self.level

@@ -178,7 +178,7 @@ def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
         raise UnsafePathError(
             errno.EPERM,
             f"store path {folder} is outside {display(store_dir())} and not allowed for writing; allow it with "
-            f"memory.allow_write({folder!r}), APSI_ALLOW_WRITE={folder} or Apsi's --allow-write {folder}")
+            f"memory.allow_write({folder!r}) in Python, or APSI_ALLOW_WRITE={folder} in the environment")
     return folder
 
 

@@ -171,7 +171,8 @@ def _run(client: Any, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, pr
     first = _first(client, fn, inputs, spans)
     check_storable(first, spans)
     shape = (inputs.shape[0], *first.shape[1:])
-    out = arrays.array(shape, first.dtype) if len(spans) == 1 else arrays._spilled(shape, first.dtype)
+    why = "SSD: the output of map on a dask cluster (its workers write it by path)"
+    out = arrays.array(shape, first.dtype) if len(spans) == 1 else arrays._spilled(shape, first.dtype, why)
     bar = progress_bar(progress, inputs.shape[0], "map")
     try:
         out[:spans[0][1]] = first
