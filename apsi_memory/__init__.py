@@ -19,10 +19,11 @@ Theory of operation
   grow back at ``ok``, give RAM back on ``relieve``). ``machine()`` is the process's; ``with m.use():`` installs
   another (``sim.machine(tree)`` in tests). ``measure`` + ``readings`` make its readings.
 * ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
-  (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` + ``outofcore`` (streaming larger than RAM),
-  ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache), ``devices`` + ``batch`` (GPUs and
-  ``fit_batch``) build on the machine. ``api`` and ``status`` are the readings of ``machine()``; ``cli`` prints
-  them. Every public name is re-exported here explicitly. README "Layout" draws the layers.
+  (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` (streaming larger than RAM, on ``blocks``, ``pages``,
+  ``sources``, ``progress``), ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache),
+  ``devices`` + ``batch`` (GPUs and ``fit_batch``) build on the machine; ``_libc`` holds the C library calls.
+  ``api`` and ``status`` are the readings of ``machine()``; ``cli`` prints them. Every public name is re-exported
+  here explicitly. README "Layout" draws the layers.
 """
 
 from __future__ import annotations
@@ -40,13 +41,18 @@ from .errors import (
     DiskFullError,
     MissingExtraError,
     MissingKeyError,
+    NotCachedWarning,
+    OldEntryWarning,
     PoolError,
     SizeError,
+    StoreClosedError,
     SystemCallError,
     TamperWarning,
+    UnloadableWarning,
     UnsafePathError,
 )
 from .units import parse_size
+from ._version import __version__ as __version__
 
 # -- the machine and its readings: limits, pressure, budget (machinery.py, readings.py, api.py), status (status.py) --
 from .api import budget, cores, current_level, limits, pressure
@@ -60,7 +66,7 @@ from .arrays import ArrayRecord, array, free, on_disk, report
 from .pool import Pool, pool
 from .watch import Watcher, on_pressure, relieve
 
-# -- chunks (chunks.py) and map (mapping.py), both over outofcore.py --
+# -- chunks (chunks.py) and map (mapping.py), over blocks.py, pages.py, sources.py --
 # (``map`` shadows the builtin inside this namespace only: ``memory.map``)
 from .chunks import chunks
 from .mapping import map, to_dask
@@ -106,6 +112,10 @@ __all__ = [
     "MissingKeyError",
     "SystemCallError",
     "UnsafePathError",
+    "StoreClosedError",
+    "UnloadableWarning",
+    "OldEntryWarning",
+    "NotCachedWarning",
     # chunks and map
     "chunks",
     "map",

@@ -22,6 +22,8 @@ def budget(gb: float | str | None = None) -> Budget:
 
 
 def limits() -> Limits:
+    """Usable memory, free memory and the budget, from the cgroup (limits re-read on every call) and the host.
+    ``str()``: ``1.0 GB usable (container (cgroup v1)), 1.0 GB free, budget 0.7 GB``."""
     return machine().limits()
 
 

@@ -27,6 +27,7 @@ or freeing a view after its array, does nothing.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import mmap
 import operator
@@ -39,28 +40,36 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from . import spill
-from .decide import SMALL_ARRAY_BYTES, Place, place
+from .decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from .errors import ArgumentError, ArgumentTypeError
 from .ledger import Ledger
 from .machinery import machine
 from .units import GiB
 
+log = logging.getLogger(__name__)  # "apsi_memory.arrays": one DEBUG line per big array placed, with the reason
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
 
 
 class ArrayRecord(NamedTuple):
-    """One live ``memory.array``: what ``report()`` lists. ``str()`` is the SPEC's line:
-    ``[200000000, 8] float32 5.960 GB SSD /home/me/.apsi/spill/apsi-….npy``."""
+    """One live ``memory.array``: what ``report()`` lists. ``str()`` is the SPEC's line and why it went there:
+    ``[200000000, 8] float32 5.960 GB SSD /home/me/.apsi/spill/apsi-….npy — 6.0 GB is more than the 1.2 GB left
+    of the budget``."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
     nbytes: int
     place: Place
     path: str | None  # the spill file; None in RAM
+    why: str = ""  # decide.place_reason when it was made: "fits the budget (1.2 of 4.0 GB left)", "pressure high"
+
+    @property
+    def reason(self) -> str:
+        """The place and why: ``RAM: fits the budget (1.2 of 4.0 GB left)``, ``SSD: pressure high``."""
+        return f"{self.place}: {self.why}"
 
     def __str__(self) -> str:
         where = f"{self.place} {self.path}" if self.path else str(self.place)
-        return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where}"
+        return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where} — {self.why}"
 
 
 _T = TypeVar("_T", bound="_Tracked")
@@ -71,17 +80,18 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
     what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "path", "place", "shape")
+    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "path", "place", "shape", "why")
 
     def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
         return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
 
-    def __init__(self, owner: Any, x: np.ndarray, place: Place, path: str | None = None, address: int = 0,
+    def __init__(self, owner: Any, x: np.ndarray, place: Place, why: str, path: str | None = None, address: int = 0,
                  length: int = 0, ledger: Ledger | None = None) -> None:
         self.key = id(owner)  # (weakref.ref.__init__ only checks the arguments __new__ already took)
         self.shape: tuple[int, ...] = x.shape
         self.dtype = x.dtype
         self.place = place
+        self.why = why
         self.path = path
         # Holding the returned array strongly would keep the memory alive; a small array is its own owner.
         self.array: Any = self if x is owner else weakref.ref(x)
@@ -95,7 +105,7 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
         return nbytes_of(self.shape, self.dtype)
 
     def record(self) -> ArrayRecord:
-        return ArrayRecord(self.shape, self.dtype, self.nbytes, self.place, self.path)
+        return ArrayRecord(self.shape, self.dtype, self.nbytes, self.place, self.path, self.why)
 
 
 _tracked: dict[int, _Tracked] = {}  # by id(owner); entries leave when the owner is garbage-collected
@@ -158,9 +168,11 @@ def array(shape: int | Sequence[int], dtype: Any = "float64") -> np.ndarray:
     nbytes = nbytes_of(dims, kind)
     if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
         return _small(dims, kind)
-    if _where(nbytes) is Place.SSD:
-        return _spilled(dims, kind)
-    return _big_in_ram(dims, kind, nbytes)
+    where, why = _where(nbytes)
+    log.debug("%s %s %s: %s", list(dims), kind, where, why)
+    if where is Place.SSD:
+        return _spilled(dims, kind, why)
+    return _big_in_ram(dims, kind, nbytes, why)
 
 
 def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_bytes: int) -> int:
@@ -171,22 +183,25 @@ def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_b
     return max(0, min(budget_bytes - held_bytes, free_bytes - unwritten_bytes))
 
 
-def _where(nbytes: int) -> Place:
-    """``place`` with the budget left. How much of our arrays is still unwritten is only looked up (one
-    ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none written"."""
+def _where(nbytes: int) -> tuple[Place, str]:
+    """``place`` with the budget left, and ``place_reason``. How much of our arrays is still unwritten is only
+    looked up (one ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none
+    written"."""
     m = machine()
     level = m.current_level()
     reading = m.limits()  # budget and free from one reading
     held = m.ledger.held()
 
-    def where(unwritten: int) -> Place:
-        return place(nbytes, budget_left(reading.budget_bytes, held, reading.free_bytes, unwritten), level)
+    def left(unwritten: int) -> int:
+        return budget_left(reading.budget_bytes, held, reading.free_bytes, unwritten)
 
-    if where(0) is Place.SSD:
-        return Place.SSD
-    if where(held) is Place.RAM:
-        return Place.RAM
-    return where(held - _resident_in_ram())
+    if place(nbytes, left(0), level) is Place.SSD:
+        unwritten = 0
+    elif place(nbytes, left(held), level) is Place.RAM:
+        unwritten = held
+    else:
+        unwritten = held - _resident_in_ram()
+    return place(nbytes, left(unwritten), level), place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
 
 
 def _resident_in_ram() -> int:
@@ -195,11 +210,14 @@ def _resident_in_ram() -> int:
     return sum(spill.resident(e.address, e.length) for e in entries)
 
 
+_SMALL_WHY = place_reason(0, 0, 0, Level.OK)
+
+
 def _small(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """NumPy's own allocation, listed by ``report`` but not counted in the ledger: the budget is for big arrays,
     and the kernel already counts small ones as used like any other allocation."""
     x = np.zeros(shape, dtype)
-    _remember(_Tracked(x, x, Place.RAM))
+    _remember(_Tracked(x, x, Place.RAM, _SMALL_WHY))
     return x
 
 
@@ -212,21 +230,21 @@ def anonymous_memory(nbytes: int) -> mmap.mmap:
     return buffer
 
 
-def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) -> np.ndarray:
     buffer = anonymous_memory(nbytes)
     x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
     ledger = machine().ledger
-    _remember(_Tracked(buffer, x, Place.RAM, None, x.ctypes.data, len(buffer), ledger))
+    _remember(_Tracked(buffer, x, Place.RAM, why, None, x.ctypes.data, len(buffer), ledger))
     ledger.add(nbytes)
     return x
 
 
-def _spilled(shape: tuple[int, ...], dtype: np.dtype) -> np.memmap:
+def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: str) -> np.memmap:
     x = spill.create(shape, dtype)
     mapping = x._mmap  # type: ignore[attr-defined]  # numpy.memmap's own mmap: the owner of the pages
     # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
     start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY
-    _remember(_Tracked(mapping, x, Place.SSD, str(x.filename), start, len(mapping)))
+    _remember(_Tracked(mapping, x, Place.SSD, why, str(x.filename), start, len(mapping)))
     return x
 
 

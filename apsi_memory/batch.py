@@ -115,7 +115,7 @@ def fit_batch(fn: Callable[[int], T], batch: int, min_batch: int = 1) -> tuple[T
         _give_memory_back(outcome.kind)
         smaller = next_batch(batch, min_batch)
         assert smaller is not None  # _try raised when there was nothing smaller to try
-        log.info("out of memory at batch %d (%s); trying %d", batch, outcome.summary, smaller)
+        log.warning("out of memory at batch %d (%s); trying %d", batch, outcome.summary, smaller)
         batch = smaller
 
 

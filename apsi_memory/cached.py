@@ -1,10 +1,22 @@
 """``@memory.cached``: a function's results kept in a store, so they survive restarts.
 
-The key is a SHA-256 over the function's module, qualified name and code (a changed body misses; moving it in its
-file does not) and its arguments as bound to its signature (defaults filled in, so ``f(1)`` and ``f(x=1)`` are one
-call). Arrays are hashed by content (``hashing.array_digest``). What the function reads from globals or closures
-is not part of the key, as with joblib.Memory: a function whose result depends on them should take them as
-arguments. Exceptions are not cached.
+What makes a key (a digest of all of it):
+
+* the function's module, qualified name and code: its bytecode, the names it uses and its constants, nested
+  functions included (a changed body misses; moving it in its file, comments and line numbers do not);
+* its arguments as bound to its signature, defaults filled in (``f(1)`` and ``f(x=1)`` are one call; ``**kwargs``
+  in any order are one call), each by name and value: arrays by their dtype, shape and bytes
+  (``hashing.array_digest``), everything else by its pickle (sets sorted);
+* for an ``os.PathLike`` argument (``pathlib.Path``), and for the parameters named in
+  ``@memory.cached(files=("path",))`` (plain ``str`` paths), the path *and the identity of the file behind it*:
+  device, inode, size and modification time in nanoseconds (``hashing.file_digest``, one ``stat``; the content is
+  not read). An edited, replaced or truncated file misses; a missing file is keyed as missing, so the call runs
+  (and fails or not) as it would uncached.
+
+What is not part of the key: the source of the functions it calls (a changed helper does not miss), what it
+reads from globals or closures, the environment, and paths inside containers (a list of paths is hashed as its
+strings). As with joblib.Memory, a result that depends on those should get them as arguments. Exceptions are not
+cached; a result that cannot be kept (a full disk) is returned with a ``NotCachedWarning``.
 """
 
 from __future__ import annotations
@@ -12,11 +24,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import os
 import threading
-from collections.abc import Callable
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from .hashing import function_digest, value_digest
+from .errors import ArgumentError, ArgumentTypeError, DiskFullError, NotCachedWarning
+from .hashing import file_digest, function_digest, value_digest
 from .store import DEFAULT_DISK_GB, DEFAULT_RAM_MB, Store
 from .store import store as open_store
 
@@ -32,26 +48,30 @@ def cached(func: F) -> F: ...
 
 @overload
 def cached(*, store: Store | str = DEFAULT_STORE, ram_mb: float = DEFAULT_RAM_MB,
-           disk_gb: float = DEFAULT_DISK_GB) -> Callable[[F], F]: ...
+           disk_gb: float = DEFAULT_DISK_GB, files: Sequence[str] = ()) -> Callable[[F], F]: ...
 
 
 def cached(func: Callable[..., Any] | None = None, *, store: Store | str = DEFAULT_STORE,
-           ram_mb: float = DEFAULT_RAM_MB, disk_gb: float = DEFAULT_DISK_GB) -> Any:
-    """``@cached`` or ``@cached(store="features", ram_mb=..., disk_gb=...)``; ``store`` may also be a ``Store``.
+           ram_mb: float = DEFAULT_RAM_MB, disk_gb: float = DEFAULT_DISK_GB, files: Sequence[str] = ()) -> Any:
+    """``@cached`` or ``@cached(store="features", ram_mb=..., disk_gb=..., files=("path",))``; ``store`` may also
+    be a ``Store``. ``files`` names parameters that take a path as ``str``: they are keyed by the file's identity,
+    as ``os.PathLike`` arguments always are (see the module docstring).
 
     The store opens on the first call, so decorating costs nothing at import. The wrapper's ``.store`` is that
     store (``None`` before the first call)."""
     if func is None:
-        return lambda f: _Cached(f, store, ram_mb, disk_gb).wrapper()
-    return _Cached(func, store, ram_mb, disk_gb).wrapper()
+        return lambda f: _Cached(f, store, ram_mb, disk_gb, files).wrapper()
+    return _Cached(func, store, ram_mb, disk_gb, files).wrapper()
 
 
 class _Cached:
-    def __init__(self, func: Callable[..., Any], store: Store | str, ram_mb: float, disk_gb: float) -> None:
+    def __init__(self, func: Callable[..., Any], store: Store | str, ram_mb: float, disk_gb: float,
+                 files: Sequence[str] = ()) -> None:
         if not callable(func):
-            raise TypeError(f"@cached decorates a function, not {type(func).__name__}")
+            raise ArgumentTypeError(f"@cached decorates a function, not {type(func).__name__}")
         self.func = func
         self.signature = inspect.signature(func)
+        self.files = _file_parameters(self.signature, files, func)
         self.code = function_digest(func)
         self.store: Store | None = None
         if isinstance(store, Store):
@@ -66,25 +86,46 @@ class _Cached:
             return self.call(args, kwargs)
 
         call.store = self.store  # type: ignore[attr-defined]
-        self.wrapped = call
+        # A weak reference: the wrapper holds this object, and a strong one back would make a cycle that only the
+        # garbage collector frees, at a moment (inside some other lock) nobody chose.
+        self.wrapped = weakref.ref(call)
         return call
 
     def open(self) -> Store:
         with self.lock:
             if self.store is None:
                 self.store = self.opener()
-                self.wrapped.store = self.store  # type: ignore[attr-defined]
+                wrapped = self.wrapped()
+                if wrapped is not None:
+                    wrapped.store = self.store  # type: ignore[attr-defined]
             return self.store
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A full disk never costs the caller the result: it is computed (or returned) and a warning says it was
+        not kept."""
         key = self.key(args, kwargs)
-        store = self.store or self.open()
+        try:
+            store = self.store or self.open()
+        except DiskFullError as err:  # the store could not even be made: run uncached
+            return self.uncached(args, kwargs, err)
         hit = store.get(key, _MISSING)
         if hit is not _MISSING:
             return hit
         result = self.func(*args, **kwargs)
-        store.set(key, result)
+        try:
+            store.set(key, result)
+        except DiskFullError as err:  # the work is done: return it; only keeping it failed
+            self.not_kept(err)
         return result
+
+    def uncached(self, args: tuple[Any, ...], kwargs: dict[str, Any], err: DiskFullError) -> Any:
+        result = self.func(*args, **kwargs)
+        self.not_kept(err)
+        return result
+
+    def not_kept(self, err: DiskFullError) -> None:
+        warnings.warn(NotCachedWarning(f"{self.func.__qualname__}: result returned but not cached: {err}"),
+                      stacklevel=4)
 
     def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         bound = self.signature.bind(*args, **kwargs)
@@ -95,8 +136,20 @@ class _Cached:
                 value = dict(sorted(value.items()))  # f(a=1, b=2) and f(b=2, a=1) are one call
             h.update(name.encode() + b"\0")
             try:
-                h.update(value_digest(value))
+                h.update(file_digest(value) if name in self.files or isinstance(value, os.PathLike)
+                         else value_digest(value))
             except TypeError as err:
-                raise TypeError(f"{self.func.__qualname__}: argument {name!r} cannot be part of a cache key "
+                raise ArgumentTypeError(f"{self.func.__qualname__}: argument {name!r} cannot be part of a cache key "
                                 f"({err})") from err
         return h.digest()
+
+
+def _file_parameters(signature: inspect.Signature, files: Sequence[str], func: Callable[..., Any]) -> frozenset[str]:
+    """``files`` checked against the signature: a name that is no parameter is a mistake caught at decoration."""
+    if isinstance(files, str):
+        files = (files,)  # files="path" means the one parameter, not its letters
+    unknown = [name for name in files if name not in signature.parameters]
+    if unknown:
+        raise ArgumentError(f"@cached(files=...): {func.__qualname__} has no parameter {unknown[0]!r}; its parameters "
+                         f"are {', '.join(signature.parameters) or 'none'}")
+    return frozenset(files)

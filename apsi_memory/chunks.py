@@ -5,7 +5,7 @@
 
 Each block is a view (no copy) of consecutive rows; the last one is shorter. For a file, the next block is read
 (on a background thread) while this one is used, and each finished block is released from the process and from
-the page cache it brought in (see ``outofcore``), so a file much larger than RAM streams in a few blocks' worth of
+the page cache it brought in (see ``pages``), so a file much larger than RAM streams in a few blocks' worth of
 memory, and a file that was cached before stays cached.
 
 Documented behaviour at the edges:
@@ -30,14 +30,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .outofcore import (
-    BlockPages,
-    Source,
-    block_spans,
-    progress_bar,
-    resolve_source,
-    rows_per_block,
-)
+from .blocks import block_spans, rows_per_block
+from .pages import BlockPages
+from .progress import progress_bar
+from .sources import Source, resolve_source
 
 
 def chunks(source: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *,

@@ -1,4 +1,5 @@
-"""``apsi-memory status | limits | pressure [--watch SECONDS] | dask-limit [--workers N]``, each with ``--json``."""
+"""``apsi-memory status | limits | pressure [--watch SECONDS] | dask-limit [--workers N]``, each with ``--json``;
+``spill | stores | clean`` (``cli_files``); ``--version``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from . import cli_files
+from ._version import __version__
 from .api import cores, limits, pressure
 from .decide import chunk_bytes, worker_memory_limit
 from .errors import ApsiMemoryError, ArgumentError
@@ -18,9 +21,22 @@ from .units import seconds
 COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
 
 
+class _Subcommand(argparse.ArgumentParser):
+    """A subcommand's parser that rejects a flag it does not know itself, with its own usage line (argparse
+    otherwise hands unknown arguments back up, and the top-level usage is shown)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed, unknown
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apsi-memory", description="The memory this program really has.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Subcommand)
     for name, help_text in (("status", "RAM, swap, SSD, cores and GPUs in one line"),
                             ("limits", "usable memory: the smaller of the host and the cgroup limit"),
                             ("pressure", "the pressure level, free memory and PSI stalls")):
@@ -32,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     dask = sub.add_parser("dask-limit", help="memory limit and chunk size per dask worker, for a deployment script")
     dask.add_argument("--workers", type=_at_least_one("workers"), metavar="N", help="workers sharing this machine (default: its cores)")
     dask.add_argument("--json", action="store_true", help="print one JSON object")
+    cli_files.add_commands(sub)
     return parser
 
 
@@ -83,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "dask-limit":
         return _dask_limit(args.workers, args.json)
+    if args.command in cli_files.COMMANDS:
+        return cli_files.run(args)
     read = COMMANDS[args.command]
     watch = getattr(args, "watch", None)
     if getattr(args, "count", None) is not None and watch is None:

@@ -33,8 +33,17 @@ from dataclasses import dataclass
 from .errors import ArgumentError
 
 
-class Level(str, enum.Enum):
-    """``ok`` < ``moderate`` < ``high`` < ``critical``. Compares with the plain strings too (``level == "high"``)."""
+class _StrChoices(enum.EnumMeta):
+    """The type of our str enums: ``dir()``, and so ``help()``, leaves out the ~45 methods every ``str`` has (they
+    still work), which otherwise fill most of ``help(apsi_memory)``."""
+
+    def __dir__(cls) -> list[str]:
+        return sorted(name for name in {*super().__dir__(), *vars(cls)} if name in vars(cls) or not hasattr(str, name))
+
+
+class Level(str, enum.Enum, metaclass=_StrChoices):
+    """A pressure level: ``ok`` < ``moderate`` < ``high`` < ``critical`` (``LEVEL_TABLE`` says when each is
+    entered and left). A ``str``: compares with the plain strings too (``level == "high"``, ``level >= "high"``)."""
 
     OK = "ok"
     MODERATE = "moderate"
@@ -163,7 +172,9 @@ def default_budget(free_bytes: int, held_bytes: int = 0) -> int:
 
 # -- placement ---------------------------------------------------------------------------------------------------
 
-class Place(str, enum.Enum):
+class Place(str, enum.Enum, metaclass=_StrChoices):
+    """Where ``memory.array`` put an array: ``RAM`` or ``SSD`` (a memory-mapped spill file). A ``str``."""
+
     RAM = "RAM"
     SSD = "SSD"
 
@@ -183,6 +194,26 @@ def place(nbytes: int, budget_left: int, level: Level) -> Place:
     if level >= Level.HIGH or nbytes > budget_left:
         return Place.SSD
     return Place.RAM
+
+
+def place_reason(nbytes: int, budget_left: int, budget: int, level: Level) -> str:
+    """Why ``place`` decided as it did, in the words ``report()`` shows after the place: ``fits the budget (1.2 of
+    4.0 GB left)``, ``6.0 GB is more than the 1.2 GB left of the budget``, ``pressure high``."""
+    if nbytes < SMALL_ARRAY_BYTES:
+        return "under 1 MiB, always in RAM"
+    if level >= Level.HIGH:
+        return f"pressure {level}"
+    if nbytes > budget_left:
+        size, left, unit = _one_unit(nbytes, budget_left)
+        return f"{size} {unit} is more than the {left} {unit} left of the budget"
+    left, total, unit = _one_unit(budget_left, budget)
+    return f"fits the budget ({left} of {total} {unit} left)"
+
+
+def _one_unit(*sizes: int) -> tuple[str, ...]:
+    """The sizes with one decimal in one unit: GB (2^30) when the largest is at least 1 GB, else MB (2^20)."""
+    unit, name = (1 << 30, "GB") if max(sizes) >= 1 << 30 else (1 << 20, "MB")
+    return (*(f"{size / unit:.1f}" for size in sizes), name)
 
 
 # -- eviction ----------------------------------------------------------------------------------------------------

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU as ``devices()`` lists it: ``device`` ("cuda:0"), ``index`` (after ``CUDA_VISIBLE_DEVICES``),
+    ``name``, ``total_bytes``, ``free_bytes`` (the driver's free plus what this program's caching pools hold
+    unused), ``uuid`` (as nvidia-smi prints it) and ``backend`` ("torch", "cupy" or "nvml": who was asked)."""
+
     device: str  # "cuda:0", the string frameworks take
     index: int  # the framework's index, after CUDA_VISIBLE_DEVICES
     name: str
@@ -70,6 +74,9 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Cpu:
+    """The CPU side as ``devices()`` lists it: ``cores`` this process may use, and ``free_bytes``,
+    ``usable_bytes`` and ``source`` as ``limits()`` reads them (the container's when it is smaller)."""
+
     cores: int
     free_bytes: int  # as limits() sees it: the container's limit when that is smaller than the host
     usable_bytes: int

@@ -13,6 +13,7 @@ classes below; the README shows the same drawing)::
     ├── CorruptFileError(ValueError)
     ├── ChunkError(ValueError)
     ├── DiskFullError(OSError)
+    ├── StoreClosedError(ValueError)
     ├── UnsafePathError(PermissionError)
     ├── SystemCallError(OSError)
     ├── MissingKeyError(KeyError)
@@ -21,13 +22,24 @@ classes below; the README shows the same drawing)::
     └── BatchTooSmallError(MemoryError)
     UserWarning
     ├── TamperWarning
-    └── BudgetWarning
+    ├── BudgetWarning
+    ├── UnloadableWarning
+    ├── OldEntryWarning
+    └── NotCachedWarning
 """
 
 from __future__ import annotations
 
 
-class ApsiMemoryError(Exception):
+class _OwnMembers(type):
+    """The type of our errors and warnings: ``dir()``, and so ``help()``, lists what they add, not the dozens of
+    members every builtin exception has (they still work)."""
+
+    def __dir__(cls) -> list[str]:
+        return sorted({name for klass in cls.__mro__ if klass.__module__ == __name__ for name in vars(klass)})
+
+
+class ApsiMemoryError(Exception, metaclass=_OwnMembers):
     """Base of every error raised by apsi_memory."""
 
 
@@ -69,7 +81,7 @@ class BatchTooSmallError(ApsiMemoryError, MemoryError):
     """``fit_batch`` ran out of memory even at ``min_batch``; chains the last out-of-memory error."""
 
 
-class TamperWarning(UserWarning):
+class TamperWarning(UserWarning, metaclass=_OwnMembers):
     """A store file whose signature did not match was removed unread."""
 
 
@@ -94,5 +106,22 @@ class MissingExtraError(ApsiMemoryError, ImportError):
     """An optional feature whose extra is not installed; says which ``pip install`` adds it."""
 
 
-class BudgetWarning(UserWarning):
+class StoreClosedError(ApsiMemoryError, ValueError):
+    """``get``/``set`` (or any other use) of a store after its ``close()``; names the store."""
+
+
+class UnloadableWarning(UserWarning, metaclass=_OwnMembers):
+    """A store entry whose signature checked out but that cannot be loaded here (a renamed class, a changed
+    module); it reads as a miss and stays on disk for the processes that can load it."""
+
+
+class OldEntryWarning(UserWarning, metaclass=_OwnMembers):
+    """Entries signed by an older apsi_memory (before signatures named their store and version) read as misses."""
+
+
+class NotCachedWarning(UserWarning, metaclass=_OwnMembers):
+    """``@cached`` returned its result but could not keep it (a full disk)."""
+
+
+class BudgetWarning(UserWarning, metaclass=_OwnMembers):
     """``budget()`` was set above the memory this process may use; arrays are still placed by what is free."""

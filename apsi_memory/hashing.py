@@ -13,6 +13,7 @@ every process.
 
 from __future__ import annotations
 
+import os
 import pickle
 import types
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from typing import Any
 
 import numpy as np
 from xxhash import xxh3_128
+
+from .errors import ArgumentTypeError
 
 
 def array_digest(array: np.ndarray) -> bytes:
@@ -61,7 +64,7 @@ def value_digest(value: Any) -> bytes:
     try:
         _DigestPickler(sink, protocol=5).dump(value)
     except (pickle.PicklingError, TypeError, AttributeError) as err:
-        raise TypeError(f"cannot hash a value of type {type(value).__name__} for a cache key: {err}") from err
+        raise ArgumentTypeError(f"cannot hash a value of type {type(value).__name__} for a cache key: {err}") from err
     return sink.hash.digest()
 
 
@@ -82,3 +85,16 @@ def function_digest(func: Callable[..., Any]) -> bytes:
     h = xxh3_128(f"{inner.__module__}\0{inner.__qualname__}\0".encode())
     h.update(code_digest(code) if code is not None else repr(inner).encode())
     return h.digest()
+
+
+def file_digest(path: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> bytes:
+    """A digest of the path and the identity of the file behind it: device, inode, size and ``mtime_ns`` (``stat``
+    follows a symlink to the file it names). An edited, replaced or truncated file gives another digest; a missing
+    one gives the digest of "missing" for that path. The content is not read, so a key costs one ``stat``."""
+    name = os.fsencode(path)
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return xxh3_128(b"file\0" + name + b"\0missing").digest()
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return xxh3_128(b"file\0" + name + b"\0" + repr(identity).encode()).digest()

@@ -12,13 +12,18 @@ the ``on_pressure`` watcher thread; both publish here, and a change is told to e
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Protocol
 
 from .adapters.clock import Clock
-from .decide import Level
+from .decide import Level, ram_tier_limit
+
+# Documented logger names (README, "What it logs"): level changes, and what each component did about one.
+level_log = logging.getLogger("apsi_memory.pressure")
+reaction_log = logging.getLogger("apsi_memory.reactions")
 
 
 class Component(Protocol):
@@ -46,16 +51,34 @@ class Components:
         with self._lock:
             return list(self._members)
 
-    def notify(self, level: Level) -> None:
-        """Tell every component the new level; at ``critical`` also collect garbage (the SPEC's last resort)."""
+    def notify(self, level: Level, previous: Level = Level.OK) -> None:
+        """Tell every component the new level; at ``critical`` also collect garbage (the SPEC's last resort). What a
+        component does differently from the previous level is logged (INFO, ``apsi_memory.reactions``)."""
         for component in self.all():
             component.on_level(level)
+            taken = reaction(component, level)
+            if taken is not None and taken != reaction(component, previous):
+                reaction_log.info("%s at %s", taken, level)
         if level >= Level.CRITICAL:
             gc.collect()
 
     def relieve(self) -> None:
         for component in self.all():
             component.relieve()
+
+
+_RAM_TIER = {2: "RAM tier back to its full size", 1: "RAM tier halved", 0: "RAM tier emptied"}
+
+
+def reaction(component: Component, level: Level) -> str | None:
+    """What ``component`` does at ``level``, in words: ``store embeddings: RAM tier halved``. Stores are known by
+    their ``label`` and pools by their type name (this module imports neither); anything else: ``None``."""
+    label = getattr(component, "label", None)
+    if isinstance(label, str):
+        return f"store {label}: {_RAM_TIER[ram_tier_limit(2, level)]}"  # the same rule the store applies
+    if type(component).__name__ == "Pool":
+        return "pool: spare buffers dropped" if level >= Level.HIGH else "pool: keeps spare buffers"
+    return None
 
 
 RECHECK_SECONDS = 0.5  # "at most twice a second"
@@ -67,11 +90,12 @@ class LevelTracker:
     ``measure(previous)`` returns the level for a fresh reading (the previous level is passed in for the table's
     hysteresis). Readings are taken outside the lock (they read files), so two may overlap: each takes a ticket
     when it starts and only a reading newer than the last published one is published, so a slow older reading
-    never overwrites a newer one. A change is told to ``announce`` (a machine's ``Components.notify``).
+    never overwrites a newer one. A change is logged and told to ``announce(level, previous)`` (a machine's
+    ``Components.notify``).
     """
 
     def __init__(self, measure: Callable[[Level], Level], clock: Clock,
-                 announce: Callable[[Level], None]) -> None:
+                 announce: Callable[[Level, Level], None]) -> None:
         self.measure = measure
         self.clock = clock
         self.announce = announce
@@ -105,19 +129,21 @@ class LevelTracker:
         """Record the level read under ``ticket`` unless a newer reading was published; returns the level now."""
         with self._lock:
             self.measurements += 1
-            changed = ticket > self._published and level != self.level
+            previous = self.level
+            changed = ticket > self._published and level != previous
             if ticket > self._published:
                 self._published, self.level = ticket, level
         if changed:
-            self._announce(level)
+            self._announce(level, previous)
         return self.level
 
-    def _announce(self, level: Level) -> None:
+    def _announce(self, level: Level, previous: Level) -> None:
         # Announcements run outside the lock (components take their own locks), so two may cross: whoever
         # announced last checks that what it said is still the newest level and says the newest one otherwise.
         while True:
-            self.announce(level)
+            level_log.info("pressure level %s -> %s", previous, level)
+            self.announce(level, previous)
             with self._lock:
                 if self.level == level:
                     return
-                level = self.level
+                previous, level = level, self.level

@@ -11,7 +11,7 @@ How it runs
   The output is a ``memory.array`` (RAM while it fits the budget, a spill file otherwise). The blocks that started
   beside the first keep their results until the output exists, so no core waits for the first block.
 * At most two blocks per worker are in flight: each is read ahead when it is handed out, and once it and every
-  block before it are written, its input and output pages are released (see ``outofcore``), so memory stays flat
+  block before it are written, its input and output pages are released (see ``pages``), so memory stays flat
   however large the input and output are.
 * A block whose result disagrees with the first (row count, row shape or dtype) raises ``ChunkError``; an
   exception in ``fn`` raises ``BlockError`` naming the block's rows, with the original as its cause. Either way no
@@ -34,16 +34,11 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from . import api, arrays
+from .blocks import block_spans, positive_count, rows_per_block
 from .errors import BlockError, ChunkError
-from .outofcore import (
-    BlockPages,
-    Progress,
-    block_spans,
-    positive_count,
-    progress_bar,
-    resolve_source,
-    rows_per_block,
-)
+from .pages import BlockPages
+from .progress import Progress, progress_bar
+from .sources import resolve_source
 
 Spans = list[tuple[int, int]]
 BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from .trust import make_private
+
 APSI_HOME = "~/.apsi"
 
 
@@ -29,9 +31,9 @@ def key_path() -> str:
 
 
 def private_dir(path: str) -> str:
-    """Create ``path`` (and parents) readable by this user only; returns it."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    """Create ``path`` and every missing parent, each 0700, and check it is ours and writable by nobody else
+    (``trust.UnsafePathError`` otherwise, naming the fix); returns it."""
+    return make_private(path)
 
 
 def display(path: str) -> str:

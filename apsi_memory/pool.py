@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import queue
 import threading
 import weakref
@@ -126,6 +127,7 @@ class _Clearer:
         self._lock = threading.Lock()
         self._pending = 0  # submitted, not cleared yet
         self._idle = threading.Condition(self._lock)
+        self._forks_hooked = False
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until every buffer submitted so far has been cleared (or ``timeout``): a point to synchronise
@@ -162,7 +164,30 @@ class _Clearer:
                     self._idle.notify_all()
 
 
+    def after_fork_in_child(self) -> None:
+        """The thread does not exist in a forked child, but ``_thread`` (and maybe the lock, taken, and a count of
+        buffers it never cleared here) came along: start over, so the child's first give starts its own thread
+        instead of never clearing again. Buffers queued in the parent stay unclean in the child, which only costs
+        a fresh buffer instead of a spare."""
+        self.__init__()  # type: ignore[misc]  # every field as new; the fork hook stays registered
+        self._forks_hooked = True
+
+    def hook_forks(self) -> None:
+        """Register the fork hook once, when the first pool is made (not at import)."""
+        with self._lock:
+            if not self._forks_hooked:
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                self._forks_hooked = True
+
+
 _clearer = _Clearer()
+_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    _clearer.after_fork_in_child()
+    for pool_ in list(_pools):
+        pool_._after_fork_in_child()
 
 
 # -- the pool ----------------------------------------------------------------------------------------------------
@@ -179,7 +204,15 @@ class Pool:
         self._level = self._machine.current_level()
         self._wants_zero = False
         self._lock = threading.Lock()
+        _pools.add(self)
+        _clearer.hook_forks()
         self._machine.components.register(self)
+
+    def _after_fork_in_child(self) -> None:
+        """The clearing thread may have held this lock, or a buffer (``busy``), when another thread forked."""
+        self._lock = threading.Lock()
+        for buffer in self._spares:
+            buffer.busy = False  # no thread clears it here; it stays unclean until cleared again
 
     # -- take and give -------------------------------------------------------------------------------------------
 

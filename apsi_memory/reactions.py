@@ -22,9 +22,9 @@ def unregister(component: Component) -> None:
     machine().components.unregister(component)
 
 
-def notify(level: Level) -> None:
+def notify(level: Level, previous: Level = Level.OK) -> None:
     """Tell every component of the default machine the new level (see ``levels.Components.notify``)."""
-    machine().components.notify(level)
+    machine().components.notify(level, previous)
 
 
 def relieve_components() -> None:

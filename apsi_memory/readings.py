@@ -32,6 +32,9 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Budget(Reading):
+    """The RAM budget for big arrays: ``bytes``, and ``source``, where it came from. ``float(b)`` and ``b.gb`` are
+    it in GB (2^30)."""
+
     bytes: int
     source: str  # "70 % of free", "set by budget()", or "APSI_RAM_BUDGET"
 
@@ -103,6 +106,19 @@ def limits_from(reading: MemoryReading, budget: Budget) -> Limits:
 
 @dataclass(frozen=True)
 class Pressure(Reading):
+    """One pressure reading (``pressure()``).
+
+    * ``level``: ``ok``, ``moderate``, ``high`` or ``critical``, the worst of the three signals below
+      (``decide.LEVEL_TABLE``);
+    * ``free_bytes``, ``usable_bytes``, ``free_fraction``: free memory, usable memory, and the first over the second;
+    * ``some``: PSI ``some`` avg10, the percent of the last 10 s in which at least one task waited for memory;
+    * ``full``: PSI ``full`` avg10, the percent in which every non-idle task waited at once (no work was done);
+    * ``psi_source``: the file they came from (the cgroup's ``memory.pressure`` or ``/proc/pressure/memory``).
+      ``some``/``full``/``psi_source`` are ``None`` where the kernel has no PSI, never 0;
+    * ``cause``: the signal(s) past the level's thresholds, e.g. ``some ≥ 5 %`` (``None`` at ``ok``);
+    * ``psi_problem``: why stalls are not available although a PSI file is there (it could not be parsed).
+    """
+
     level: Level
     free_bytes: int
     usable_bytes: int

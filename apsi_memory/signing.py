@@ -1,12 +1,13 @@
 """This user's signing key and the HMAC-SHA256 signatures that guard pickled store values.
 
-The key lives outside every store (``~/.apsi/key``, mode 0600), so a store folder copied from elsewhere (or
-written by another user) brings no key that would make its files verify. A pickle is only ever loaded after its
+The key lives outside every store (``~/.apsi/key``, mode 0600, checked before use: ``trust.py``), so a store
+folder copied from elsewhere (or written by another user) brings no key that would make its files verify. A pickle is only ever loaded after its
 signature checked out: nothing the library did not write itself is unpickled.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -14,14 +15,24 @@ import struct
 import threading
 from functools import cache, lru_cache
 
-from .errors import CorruptFileError
+from .errors import CorruptFileError, DiskFullError
 from .paths import key_path, private_dir
+from .trust import open_file
 
 KEY_BYTES = 32
 SIGNATURE_BYTES = 32  # SHA-256 digest size
 
 _cache: dict[str, bytes] = {}
 _cache_lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    """A fork while another thread read the key would copy ``_cache_lock`` taken: the child gets a free one."""
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def user_key() -> bytes:
@@ -36,33 +47,52 @@ def user_key() -> bytes:
 
 
 def _read_or_create(path: str) -> bytes:
-    if not os.path.exists(path):
+    """The key, after checking it and its folder (``trust``): a key another user could have written or read would
+    let them sign a pickle that we then load."""
+    private_dir(os.path.dirname(path))
+    try:
+        fd = open_file(path, os.O_RDONLY, secret=True)
+    except FileNotFoundError:
         _create(path)
-    with open(path, "rb") as f:
-        key = f.read(KEY_BYTES + 1)
+        fd = open_file(path, os.O_RDONLY, secret=True)
+    try:
+        key = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(key) != KEY_BYTES:
-        raise CorruptFileError(path, f"signing key must be {KEY_BYTES} bytes, found {len(key)}; "
-                                     "remove it to make a new one (entries signed with it will read as misses)")
+        raise CorruptFileError(path, f"signing key must be {KEY_BYTES} bytes, found {len(key)}; fix: rm {path} "
+                                     "(a new key is made; entries signed with this one will read as misses)")
     return key
 
 
 def _create(path: str) -> None:
     """Write the key to a private temp file, then hard-link it into place: ``link`` fails if another process won
-    the race, so two first users never end up with two keys, and nobody ever reads a half-written key."""
-    private_dir(os.path.dirname(path))
+    the race, so two first users never end up with two keys, and nobody ever reads a half-written key. On any
+    failure (a full disk: ``DiskFullError``) the temp file is removed."""
     temp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
-        os.write(fd, os.urandom(KEY_BYTES))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            written = os.write(fd, os.urandom(KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if written != KEY_BYTES:  # a short write: the disk is full
+            raise _no_room(path)
         os.link(temp, path)
     except FileExistsError:
         pass  # another process created it first; use theirs
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _no_room(path) from err
+        raise
     finally:
         os.unlink(temp)
+
+
+def _no_room(path: str) -> DiskFullError:
+    return DiskFullError(errno.ENOSPC, f"no space left in {os.path.dirname(path)} for this user's signing key; "
+                                       "free some space there (no key was made)")
 
 
 def sign(key: bytes, *parts: bytes | memoryview) -> bytes:

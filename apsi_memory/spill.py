@@ -30,6 +30,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -39,7 +40,7 @@ import numpy as np
 
 from . import paths
 from .adapters.disk import disk_free
-from .errors import DiskFullError
+from .errors import DiskFullError, SystemCallError
 from .units import GiB, fmt_gb, fmt_mb
 
 _NAME = re.compile(r"apsi-(\d+)-(\d+)-[0-9a-f]+\.npy")
@@ -135,10 +136,12 @@ def reclaim(directory: str, alive: Callable[[int, str], bool] = owner_alive) -> 
 
 
 def _this_users(path: str) -> bool:
+    """A regular file of ours (``lstat``: a symbolic link someone planted is never followed, nor removed)."""
     try:
-        return os.stat(path).st_uid == os.getuid()
+        st = os.lstat(path)
     except OSError:
         return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def reclaim_once(directory: str) -> None:
@@ -152,7 +155,7 @@ def reclaim_once(directory: str) -> None:
 
 # -- creating ----------------------------------------------------------------------------------------------------
 
-_live: set[str] = set()
+_live: dict[str, tuple[int, int]] = {}  # path -> (device, inode) of the file this process made there
 _live_lock = threading.Lock()
 
 
@@ -169,10 +172,13 @@ def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None
     if not fits(total, free):
         raise _disk_full(directory, total, free)
     path = os.path.join(directory, file_name(*own_owner(), secrets.token_hex(6)))
-    _write_reserved(path, header, total, directory, free_bytes)
+    fd = _write_reserved(path, header, total, directory, free_bytes)
+    st = os.fstat(fd)
     with _live_lock:
-        _live.add(path)
-    return np.memmap(path, dtype=dtype, mode="r+", offset=len(header), shape=shape)
+        _live[path] = (st.st_dev, st.st_ino)
+    # Mapped through the descriptor we created, never by opening the path again.
+    with open(path, "r+b", opener=lambda _path, _flags: fd) as f:
+        return np.memmap(f, dtype=dtype, mode="r+", offset=len(header), shape=shape)
 
 
 def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
@@ -189,8 +195,9 @@ def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
 
 
 def _write_reserved(path: str, header: bytes, total: int, directory: str,
-                    free_bytes: Callable[[str], int]) -> None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+                    free_bytes: Callable[[str], int]) -> int:
+    """The new file, reserved and with its header, still open."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         _reserve(fd, total)
         os.write(fd, header)
@@ -200,7 +207,7 @@ def _write_reserved(path: str, header: bytes, total: int, directory: str,
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(directory, total, free_bytes(directory)) from exc
         raise
-    os.close(fd)
+    return fd
 
 
 def _reserve(fd: int, total: int) -> None:
@@ -229,22 +236,45 @@ def _disk_full(directory: str, needed: int, free: int) -> DiskFullError:
 
 # -- deleting ----------------------------------------------------------------------------------------------------
 
+def _ours(path: str, st: os.stat_result) -> bool:
+    """``st`` is the very file this process created at ``path`` (same device and inode), not one swapped in."""
+    with _live_lock:
+        identity = _live.get(path)
+    return made_here(path) and identity == (st.st_dev, st.st_ino)
+
+
 def delete(path: str) -> None:
     """Remove a spill file this process made (it may still be mapped: its blocks are then freed when the mapping
-    goes)."""
-    with _live_lock:
-        _live.discard(path)
-    if made_here(path):
-        with contextlib.suppress(FileNotFoundError):
+    goes). A file someone put in its place (another inode, a symbolic link) is left alone."""
+    with contextlib.suppress(FileNotFoundError):
+        if _ours(path, os.lstat(path)):
             os.unlink(path)
+    with _live_lock:
+        _live.pop(path, None)
 
 
 def release(path: str, address: int, length: int) -> None:
-    """Give the file's blocks back now, although views of its mapping may live on (see the module docstring)."""
+    """Give the file's blocks back now, although views of its mapping may live on (see the module docstring).
+    Truncated through a descriptor opened without following links and checked to be our file: a symbolic link
+    swapped in for it would otherwise truncate whatever it points to."""
     if detach(address, length) and made_here(path):
-        with contextlib.suppress(FileNotFoundError):
-            os.truncate(path, 0)  # nothing here maps it any more, so no page can fault on the lost blocks
+        with contextlib.suppress(OSError):  # gone, or a symbolic link (ELOOP): nothing of ours to truncate
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            try:
+                if _ours(path, os.fstat(fd)):
+                    os.ftruncate(fd, 0)  # nothing here maps it any more, so no page can fault on the lost blocks
+            finally:
+                os.close(fd)
     delete(path)
+
+
+def _fresh_locks_in_child() -> None:
+    """A fork while another thread held one of these would copy it taken: the child gets free ones."""
+    global _live_lock, _reclaim_lock
+    _live_lock, _reclaim_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks_in_child)
 
 
 @atexit.register
@@ -300,7 +330,7 @@ def detach(address: int, length: int) -> bool:
     result = _libc_mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
     if result != address:
         error = ctypes.get_errno()
-        raise OSError(error, f"could not release {length} bytes at {address:#x}: {os.strerror(error)}")
+        raise SystemCallError(error, f"could not release {length} bytes at {address:#x}: {os.strerror(error)}")
     return True
 
 

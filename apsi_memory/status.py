@@ -18,6 +18,10 @@ from .units import GiB, fmt_gb
 
 @dataclass(frozen=True)
 class Status(Reading):
+    """Everything at a glance (``status()``): RAM free and usable (as ``limits()``), where that came from, this
+    program's resident set (``process_rss_bytes``), the budget, free swap, the spill folder and the space free there,
+    the CPUs this process may run on (``cores``), the 1-minute load average, and each GPU."""
+
     ram_free_bytes: int
     ram_usable_bytes: int
     source: str
@@ -51,6 +55,9 @@ def _load(root: str) -> float:
 
 
 def status() -> Status:
+    """RAM, swap, SSD, cores and GPUs in one reading; ``str()`` is the one line ``apsi-memory status`` prints:
+    ``RAM 3.0/4.0 GB free (this program 0.04 GB, budget 2.1 GB) | swap 0.0 GB | SSD 78 GB free at ~/.apsi/spill |
+    2 cores, load 0.34 | no GPU``."""
     m = machine()
     reading, process = m.memory(), read_proc_status(m.root)
     spill = paths.spill_dir()

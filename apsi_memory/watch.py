@@ -13,13 +13,12 @@ and the watcher keeps watching.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import gc
 import sys
 import threading
 from collections.abc import Callable
 
+from . import _libc
 from .adapters.clock import Clock
 from .decide import Level
 from .errors import ArgumentTypeError
@@ -116,23 +115,9 @@ def on_pressure(fn: Callable[[Pressure], object], level: Level | str = "high", e
 
 # -- relieve -----------------------------------------------------------------------------------------------------
 
-@functools.cache  # loaded on the first relieve(), not at import
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        function = ctypes.CDLL(None).malloc_trim  # the C library this interpreter uses
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
-        return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
-    return function
-
-
-
 def relieve() -> None:
     """Give cached RAM back now: pools' spare buffers (and stores' RAM tiers), then a garbage collection, then
     glibc's ``malloc_trim(0)``, which returns freed heap pages to the kernel (where the C library is glibc)."""
     machine().components.relieve()
     gc.collect()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    _libc.malloc_trim(0)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from apsi_memory import decide
 from apsi_memory.decide import LEVEL_TABLE, LEVELS, Level, Place, pressure_level
 
-PURE_MODULES = ["decide.py", "units.py", "errors.py"]
+PURE_MODULES = ["decide.py", "units.py", "errors.py", "blocks.py"]
 IO_MODULES = {"os", "psutil", "pathlib", "io", "shutil", "subprocess", "socket", "time", "mmap", "ctypes"}
 
 

@@ -17,15 +17,16 @@ PACKAGE = Path(apsi_memory.__file__).parent
 # Lowest first. A name covers the module and, for a package, everything in it.
 LAYERS: dict[str, tuple[str, ...]] = {
     # pure rules: no I/O, import nothing of ours but each other
-    "decisions": ("decide", "units", "errors", "hashing"),
+    "decisions": ("decide", "units", "errors", "hashing", "blocks", "_version"),
     # the OS: kernel files, time, folders, files, libc
-    "adapters": ("adapters", "paths", "signing", "spill", "outofcore"),
+    "adapters": ("adapters", "_libc", "paths", "trust", "signing", "spill", "pages", "sources"),
     # the Machine and what it keeps: root, clock, budget, ledger, level tracker, components, readings
     "machine": ("ledger", "levels", "measure", "readings", "machinery", "reactions"),
     # what users call, built on machine()
-    "features": ("arrays", "pool", "watch", "store", "cached", "chunks", "mapping", "devices", "batch", "dask"),
+    "features": ("arrays", "pool", "watch", "store", "journal", "records", "tiers", "blobs", "cached", "chunks",
+                 "mapping", "progress", "devices", "batch", "dask", "inventory"),
     # the public face: module-level readings, status(), the command line, the package itself
-    "api": ("api", "status", "cli", "__init__", "__main__"),
+    "api": ("api", "status", "cli", "cli_files", "__init__", "__main__"),
 }
 
 # Imports of a higher layer that remain in modules this step did not change (issue 11: store.py and mapping.py

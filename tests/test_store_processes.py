@@ -167,15 +167,18 @@ def test_a_handle_opened_before_fork_still_excludes_the_parent():
 
 
 def clear_and_die_mid_compaction(s: memory.Store) -> None:
-    """Clear (which rewrites the journal), but die right after the new journal took the old one's place."""
+    """Delete, then compact (which rewrites the journal), but die right after the new journal took the old one's
+    place."""
     real_replace = os.replace
 
-    def replace_then_die(src: str, dst: str) -> None:
-        real_replace(src, dst)
+    def replace_then_die(src: str, dst: str, **kwargs: int) -> None:
+        real_replace(src, dst, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    os.replace = replace_then_die
-    s.clear()
+    os.replace = replace_then_die  # type: ignore[assignment]
+    s.delete("old")
+    with s._lock, s._journal.locked():
+        s._compact_if_due(force=True)
 
 
 def test_a_writer_killed_in_the_middle_of_a_compaction():

@@ -10,7 +10,7 @@ The blocks are the local ``map``'s (``block_spans``), driven by the same ``run_i
   Nothing ever sends an ``np.memmap`` itself: one pickles as the full array (numpy #2049).
 * Output: block 0 runs on a worker and comes back to fix the row shape and dtype (and to be written here); the
   output is a ``memory.array`` spill file (RAM when there is one block only), which each later task maps for its
-  own rows and writes, flushes and releases (``outofcore.BlockPages``). ``da.store`` into an ``open_memmap``
+  own rows and writes, flushes and releases (``pages.BlockPages``). ``da.store`` into an ``open_memmap``
   target would pickle the target too: under a process cluster the writes went to copies and the file stayed wrong.
 
 Workers must see the caller's files (one machine, or a shared filesystem). Otherwise use ``to_dask(x, rows,
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import arrays, spill
+from ..blocks import block_spans, rows_per_block
 from ..errors import BlockError, ChunkError
 from ..mapping import (
     BLOCKS_PER_WORKER,
@@ -37,7 +38,9 @@ from ..mapping import (
     check_storable,
     run_in_order,
 )
-from ..outofcore import BlockPages, block_spans, file_region, progress_bar, resolve_source, row_extent, rows_per_block
+from ..pages import BlockPages, file_region, row_extent
+from ..progress import progress_bar
+from ..sources import resolve_source
 
 Fn = Callable[[np.ndarray], np.ndarray]
 
@@ -168,7 +171,8 @@ def _run(client: Any, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, pr
     first = _first(client, fn, inputs, spans)
     check_storable(first, spans)
     shape = (inputs.shape[0], *first.shape[1:])
-    out = arrays.array(shape, first.dtype) if len(spans) == 1 else arrays._spilled(shape, first.dtype)
+    why = "SSD: the output of map on a dask cluster (its workers write it by path)"
+    out = arrays.array(shape, first.dtype) if len(spans) == 1 else arrays._spilled(shape, first.dtype, why)
     bar = progress_bar(progress, inputs.shape[0], "map")
     try:
         out[:spans[0][1]] = first

@@ -1,0 +1,175 @@
+"""Store values to signed bytes and back (see ``store.py``).
+
+Every signature is an HMAC, with a key derived from this user's key and the store's identity (random, made with
+the store), over a tag, the entry's key, the entry's version (its random name, new on every ``set``) and the
+value: a file copied from
+another store, an older value of the same key put back (a rollback) or another entry's value swapped in does not
+verify. Only a failed signature is tampering; a value that verifies but cannot be loaded here (a class renamed
+since) is ``Unloadable``, and one signed the way versions before the identity did is ``OldFormat``.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.lib.format as npformat
+
+from .errors import ArgumentTypeError
+from .records import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES, Entry
+from .signing import SIGNATURE_BYTES, sign, verify
+
+MMAP_MIN_BYTES = 128 * 1024  # arrays at least this big come back memory-mapped (a file read whole below it)
+
+
+class Seal(NamedTuple):
+    """What every signature of one store is made with: the user's key, and a key derived from it and the store's
+    identity (made once at open, so binding the store costs nothing per value)."""
+
+    secret: bytes
+    store_key: bytes
+
+
+def seal_for(secret: bytes, ident: bytes) -> Seal:
+    return Seal(secret, sign(secret, b"store", ident))
+
+
+class _Held(NamedTuple):
+    value: Any  # pickled bytes (unpickled on every get, so callers never share a mutable object) or a read-only array
+    kind: int
+    nbytes: int
+    name: str  # the SSD file it mirrors: a different name in the index means another process replaced it
+
+
+class _Blob(NamedTuple):
+    kind: int
+    parts: tuple[bytes | memoryview, ...]  # what goes on disk, signature last
+    size: int
+    ram_value: Any  # what the RAM tier keeps, or None when it would not fit there anyway
+    ram_nbytes: int
+
+
+class _Tampered(Exception):
+    """A value that failed its checks; the store forgets it, removes its file and warns."""
+
+
+class OldFormat(_Tampered):
+    """A value signed by an older apsi_memory (without the store's identity and the version): a miss, not an attack."""
+
+
+class Unloadable(Exception):
+    """A value whose signature checked out but whose unpickling failed here; a miss that stays on disk."""
+
+
+def _sign(seal: Seal, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> bytes:
+    return sign(seal.store_key, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts)
+
+
+def _check(seal: Seal, signature: bytes, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> None:
+    if verify(seal.store_key, signature, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts):
+        return
+    if verify(seal.secret, signature, tag, key, *parts):
+        raise OldFormat("signed by an older apsi_memory")
+    raise _Tampered("signature does not match")
+
+
+@lru_cache(maxsize=1024)
+def _npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    out = io.BytesIO()
+    descr = npformat.dtype_to_descr(dtype)  # a list for structured dtypes: hence the cache keys on the dtype
+    npformat.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    return out.getvalue()
+
+
+@lru_cache(maxsize=1024)
+def _parse_npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...]]:
+    """Only ever called on a header whose signature checked out; still refuses object arrays (pickles)."""
+    stream = io.BytesIO(header)
+    npformat.read_magic(stream)
+    shape, fortran, dtype = npformat.read_array_header_1_0(stream)
+    if fortran or dtype.hasobject:
+        raise _Tampered("not a C-order plain-data array")
+    return dtype, shape
+
+
+def to_blob(seal: Seal, key: bytes, stem: str, value: Any, keep_in_ram: Callable[[int], bool]) -> _Blob:
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        return _array_blob(seal, key, stem, value, keep_in_ram)
+    try:
+        payload = pickle.dumps(value, protocol=5)
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        raise ArgumentTypeError(f"cannot store a value of type {type(value).__name__}: it cannot be pickled "
+                              f"({err})") from err
+    signature = _sign(seal, b"P", key, stem, payload)
+    return _Blob(KIND_PICKLE, (payload, signature), len(payload) + SIGNATURE_BYTES, payload, len(payload))
+
+
+def _array_blob(seal: Seal, key: bytes, stem: str, value: np.ndarray,
+                keep_in_ram: Callable[[int], bool]) -> _Blob:
+    # The RAM tier keeps its own read-only copy, so changing the caller's array later cannot change the cache.
+    kept = keep_in_ram(value.nbytes)
+    array = np.array(value, order="C", copy=True) if kept else np.ascontiguousarray(value)
+    header = _npy_header(array.dtype, array.shape)
+    data = array.reshape(-1).view(np.uint8).data
+    size = len(header) + array.nbytes + SIGNATURE_BYTES
+    if array.nbytes >= MMAP_MIN_BYTES:
+        kind, signature = KIND_NPY_MAP, _sign(seal, b"M", key, stem, header, str(size).encode())
+    else:
+        kind, signature = KIND_NPY_READ, _sign(seal, b"N", key, stem, header, data)
+    if kept:
+        array.flags.writeable = False
+    return _Blob(kind, (header, data, signature), size, array if kept else None, array.nbytes)
+
+
+def decode(seal: Seal, key: bytes, content: bytes, entry: Entry) -> tuple[Any, _Held]:
+    """The value in ``content`` (a whole file or inline value, signature last) and what the RAM tier keeps."""
+    if len(content) != entry.size or len(content) < SIGNATURE_BYTES:
+        raise _Tampered(f"{len(content)} bytes, expected {entry.size}")
+    signature = content[-SIGNATURE_BYTES:]
+    if entry.kind == KIND_PICKLE:
+        payload = content[:-SIGNATURE_BYTES]
+        _check(seal, signature, b"P", key, entry.name, payload)
+        try:
+            value = pickle.loads(payload)
+        except Exception as err:  # signed by us, so not an attack: a class renamed or a module gone since
+            raise Unloadable(f"{type(err).__name__}: {err}") from err
+        return value, _Held(payload, entry.kind, len(payload), entry.name)
+    body = memoryview(content)[:-SIGNATURE_BYTES]
+    if entry.kind != KIND_NPY_READ:
+        raise _Tampered(f"unknown kind {entry.kind}")
+    header_len = _header_length(content)
+    header, data = content[:header_len], body[header_len:]
+    _check(seal, signature, b"N", key, entry.name, header, data)
+    dtype, shape = _parse_npy_header(header)
+    array = np.frombuffer(data, dtype=dtype).reshape(shape)  # a view of the bytes read: read-only
+    return array, _Held(array, entry.kind, array.nbytes, entry.name)
+
+
+def _header_length(prefix: bytes | memoryview) -> int:
+    if len(prefix) < 10 or bytes(prefix[:6]) != b"\x93NUMPY":
+        raise _Tampered("not a .npy file")
+    return 10 + int.from_bytes(prefix[8:10], "little")
+
+
+def load_mapped(seal: Seal, key: bytes, fd: int, entry: Entry) -> tuple[np.ndarray, _Held]:
+    """The memory-mapped array in the open file ``fd`` (the caller closes it)."""
+    size = os.fstat(fd).st_size
+    if size != entry.size or size < SIGNATURE_BYTES:
+        raise _Tampered(f"{size} bytes, expected {entry.size}")
+    prefix = os.pread(fd, 4096, 0)
+    header_len = _header_length(prefix)
+    header = prefix[:header_len] if header_len <= len(prefix) else os.pread(fd, header_len, 0)
+    signature = os.pread(fd, SIGNATURE_BYTES, size - SIGNATURE_BYTES)
+    _check(seal, signature, b"M", key, entry.name, header, str(size).encode())
+    dtype, shape = _parse_npy_header(header)
+    if header_len + dtype.itemsize * int(np.prod(shape)) + SIGNATURE_BYTES != size:
+        raise _Tampered("length does not match its header")
+    mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    array = np.ndarray(shape, dtype=dtype, buffer=mapping, offset=header_len)  # read-only: the mapping is
+    return array, _Held(array, entry.kind, array.nbytes, entry.name)

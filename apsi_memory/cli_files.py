@@ -1,0 +1,84 @@
+"""``apsi-memory spill | stores | clean``: the files the library keeps (see ``inventory``), each with ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from . import inventory, paths
+from .units import fmt_mb
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``, ``0 spill files``."""
+    if n == 1:
+        return f"1 {noun}"
+    return f"{n} {noun[:-1]}ies" if noun.endswith("y") else f"{n} {noun}s"
+
+
+def add_commands(sub: Any) -> None:
+    """Add the three commands to the main parser's subparsers."""
+    for name, help_text in (("spill", "spill files: owner pid, alive or not, size, age, total"),
+                            ("stores", "each store under the store folder: entries, bytes on the SSD, path"),
+                            ("clean", "remove this user's spill files whose owner is dead")):
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("--json", action="store_true", help="print one JSON object")
+    clean = sub.choices["clean"]
+    clean.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    clean.add_argument("--store", metavar="NAME", help="also remove every entry of the store NAME")
+
+
+def _spill(args: argparse.Namespace) -> dict[str, Any]:
+    files = inventory.spill_files()
+    if not args.json:
+        for f in files:
+            print(f)
+        dead = sum(not f.alive for f in files)
+        print(f"{counted(len(files), 'spill file')}, {fmt_mb(sum(f.size_bytes for f in files))} in total, {dead} of dead "
+              f"owners, in {paths.display(paths.spill_dir())}")
+    return {"folder": paths.spill_dir(), "files": [inventory.as_dict(f) for f in files],
+            "total_bytes": sum(f.size_bytes for f in files)}
+
+
+def _stores(args: argparse.Namespace) -> dict[str, Any]:
+    found = inventory.stores()
+    if not args.json:
+        for s in found:
+            print(s)
+        print(f"{counted(len(found), 'store')}, {fmt_mb(sum(s.bytes_on_ssd for s in found))} on the SSD, in "
+              f"{paths.display(paths.store_dir())}")
+    return {"folder": paths.store_dir(), "stores": [inventory.as_dict(s) for s in found]}
+
+
+def _clean(args: argparse.Namespace) -> dict[str, Any]:
+    verb = "would remove" if args.dry_run else "removed"
+    removed = inventory.clean_spill(dry_run=args.dry_run)
+    cleared = inventory.clear_store(args.store, dry_run=args.dry_run) if args.store else None
+    if not args.json:
+        for f in removed:
+            print(f"{verb} {paths.display(f.path)} ({fmt_mb(f.size_bytes)}, pid {f.pid} dead)")
+        print(f"{verb} {counted(len(removed), 'spill file')} of dead owners ({fmt_mb(sum(f.size_bytes for f in removed))})")
+        if cleared is not None:
+            print(f"{'would clear' if args.dry_run else 'cleared'} store {cleared.name}: "
+                  f"{counted(cleared.entries or 0, 'entry')}")
+    return {"dry_run": args.dry_run, "spill_files": [inventory.as_dict(f) for f in removed],
+            "store": None if cleared is None else inventory.as_dict(cleared)}
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "spill": _spill, "stores": _stores, "clean": _clean}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one of the commands; a store name that is not one is a one-line error (exit 1)."""
+    try:
+        result = COMMANDS[args.command](args)
+    except (ValueError, PermissionError) as exc:
+        print(f"apsi-memory {args.command}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result))
+    return 0

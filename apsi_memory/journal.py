@@ -1,0 +1,378 @@
+"""The store's journal (``index``) and lock file: records, how they are parsed back, and the file operations.
+
+See ``store.py`` for the theory of operation. Every name read back from the journal is checked against the exact
+form the writer uses (16 hex digits and a known extension) before it touches a path, and every file operation
+here is relative to the store folder's file descriptor (``dir_fd``), so neither a forged record nor a folder
+swapped under a running store can make it read, write or unlink anything outside the store.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import re
+import shutil
+import struct
+import warnings
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import accumulate
+
+from .errors import CorruptFileError, DiskFullError, TamperWarning
+from .paths import display
+from .records import (
+    OP_LOST,
+    OP_RESET,
+    OP_SET,
+    OP_TOUCH,
+    Entry,
+    Record,
+    pack_keys,
+    pack_record,
+    parse_records,
+    record_length,
+)
+from .trust import open_file
+from .units import MiB, fmt_mb
+
+READ_CHUNK = 64 * MiB
+# In the lock file: appends so far (generation), compactions so far (epoch), and the journal's size after the last
+# append (a journal found shorter was truncated, which no crash does); then the store's random identity.
+_COUNTERS = struct.Struct("<QQQ")
+_GENERATION_BYTES = 8
+IDENT_BYTES = 16
+_LOCK_BYTES = _COUNTERS.size + IDENT_BYTES
+MAGIC = b"APSISTORE1\n"
+
+
+# -- thin OS layer (every path is relative to a folder's file descriptor) --------------------------------------
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_TEMP = re.compile(r"index\.[0-9a-f]{12}\.tmp")
+
+
+def write_new(name: str, dir_fd: int, parts: tuple[bytes | memoryview, ...], shown: str) -> None:
+    """Write a file that must not exist yet; on any failure nothing is left behind. A full disk is a DiskFullError."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        for part in parts:
+            _write_all(fd, part)
+    except BaseException as err:
+        os.close(fd)
+        unlink_quietly(name, dir_fd)
+        if isinstance(err, OSError) and err.errno in _NO_SPACE:
+            raise disk_full(shown, sum(len(p) for p in parts)) from err
+        raise
+    os.close(fd)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _pwrite_all(fd: int, data: bytes, at: int, folder: str) -> None:
+    try:
+        written = os.pwrite(fd, data, at)
+    except OSError as err:
+        if err.errno in _NO_SPACE:
+            raise disk_full(folder, len(data)) from err
+        raise
+    if written != len(data):  # a short write: the disk filled up under it
+        raise disk_full(folder, len(data))
+
+
+def disk_full(folder: str, needed: int) -> DiskFullError:
+    free = shutil.disk_usage(folder).free
+    return DiskFullError(errno.ENOSPC, f"no space left in {display(folder)} for a {fmt_mb(needed)} store entry "
+                                       f"({fmt_mb(free)} free); the store is unchanged")
+
+
+def unlink_quietly(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+class _Journal:
+    """The ``index`` file: how far this process has read it (``offset``) and the lock that serialises writers.
+
+    The lock file also holds counters, memory-mapped by every process: ``generation`` (appends so far), ``epoch``
+    (compactions so far) and the journal's size after the last append. A reader compares the generation (a memory
+    read) instead of asking the kernel for the journal's size (a syscall) on every get; a changed epoch means the
+    journal was replaced: reopen it. After the counters the lock file keeps the store's random identity, which
+    every signature names (an entry copied from another store does not verify)."""
+
+    def __init__(self, folder: str, dir_fd: int) -> None:
+        self.path = os.path.join(folder, "index")
+        self.folder = folder
+        self.dir_fd = dir_fd
+        self.lock_fd = self._open_lock()
+        _open_journals.add(self)
+        self.holding = False  # this handle holds the lock: read everything, trust no shortcut
+        self.fd = -1
+        self.offset = 0
+        self.end_seen = 0  # the journal's size at the last read_new
+        self.epoch = -1
+        self.seen = b""  # the generation counter at the last read_new
+        self.lost_tail = False  # the journal was found truncated: its writer appends a CLEAR (see read_new)
+        self.pending_touches: list[bytes] = []
+        with self.locked():
+            size = os.fstat(self.lock_fd).st_size
+            self.known = size >= 16  # the lock held counters already: this folder is a store (maybe damaged)
+            if size < _LOCK_BYTES:
+                # Written, not ftruncated: the block is allocated now, so a later write through the mapping can
+                # never meet a full disk (which would be a SIGBUS, not an error).
+                filler = bytes(max(0, _COUNTERS.size - size)) + os.urandom(IDENT_BYTES)
+                _pwrite_all(self.lock_fd, filler, min(size, _COUNTERS.size), folder)
+            self.ident = os.pread(self.lock_fd, IDENT_BYTES, _COUNTERS.size)
+            self.counters = mmap.mmap(self.lock_fd, _COUNTERS.size)
+            self._open()
+
+    def _open_lock(self) -> int:
+        return open_file("lock", os.O_RDWR | os.O_CREAT, self.dir_fd, shown=os.path.join(self.folder, "lock"))
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def changed(self) -> bool:
+        """Whether anyone may have appended since this handle last read (always, while holding the lock)."""
+        return self.holding or self.counters[:_GENERATION_BYTES] != self.seen
+
+    def _bump(self, epoch_step: int = 0, end: int = -1) -> None:
+        """After an append (or a step of a compaction), under the lock."""
+        generation, epoch, old_end = _COUNTERS.unpack_from(self.counters)
+        _COUNTERS.pack_into(self.counters, 0, generation + 1, epoch + epoch_step, old_end if end < 0 else end)
+
+    def _open(self) -> None:
+        """Open and check the magic, writing it if the file is new. The epoch is read first: a compaction in between
+        makes the next look reopen again, never miss the switch. In a store (its lock file has counters) a file with
+        the wrong magic is moved aside by the lock holder (never deleted) and the store starts empty; in a folder
+        that never was a store it is refused."""
+        self.epoch = _COUNTERS.unpack_from(self.counters)[1]
+        fd = open_file("index", os.O_RDWR | os.O_APPEND | os.O_CREAT, self.dir_fd, shown=self.path)
+        head = os.pread(fd, len(MAGIC), 0)
+        if head != MAGIC and (head or not self.holding):
+            os.close(fd)
+            if not self.holding:
+                with self.locked():
+                    return self._open()
+            if head and not self.known:
+                raise CorruptFileError(self.path, "not an apsi_memory store index (wrong magic)")
+            if head:
+                self._move_aside()
+            return self._open()
+        if not head:
+            try:
+                _pwrite_all(fd, MAGIC, 0, self.folder)
+            except BaseException:
+                os.close(fd)
+                raise
+        self.fd, self.offset = fd, len(MAGIC)
+        self.damaged = False  # damaged records were skipped: the next writer rewrites the journal without them
+
+    def _move_aside(self) -> None:
+        """Under the lock: a journal whose magic is gone cannot be read at all. A cache must still open: keep the
+        damaged file for a person to look at, under a new name, and start empty."""
+        aside = f"index.damaged.{os.urandom(6).hex()}"
+        os.rename("index", aside, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        self._bump(epoch_step=2, end=0)
+        warnings.warn(TamperWarning(f"{self.path}: not an apsi_memory store index (damaged or overwritten); moved "
+                                    f"aside to {os.path.join(self.folder, aside)} and the store starts empty"),
+                      stacklevel=6)
+
+    def reopen(self) -> None:
+        os.close(self.fd)
+        self._open()
+
+    def read_new(self) -> list[Record]:
+        """Records appended since the last look; after a compaction, ``RESET`` and the whole new journal."""
+        self.seen = self.counters[:_GENERATION_BYTES]  # before reading: a later bump makes the next look read
+        epoch = _COUNTERS.unpack_from(self.counters)[1]
+        if epoch % 2 and self.holding:
+            self._finish_compaction()
+            epoch += 1
+        if epoch != self.epoch:
+            self.reopen()
+            return [Record(OP_RESET)] + self.read_new()
+        records: list[Record] = []
+        size = self.end_seen = os.fstat(self.fd).st_size
+        if self.holding and size < _COUNTERS.unpack_from(self.counters)[2]:
+            self._truncated(size)
+            self.offset = len(MAGIC)  # what this handle read may be gone: read it all again
+            records.append(Record(OP_RESET))
+        while self.offset < size:
+            buf = os.pread(self.fd, min(size - self.offset, READ_CHUNK), self.offset)
+            needed = record_length(buf)
+            if needed is not None and needed > len(buf) and self.offset + needed <= size:
+                buf = os.pread(self.fd, needed, self.offset)  # one record longer than a chunk (a huge key)
+            final = self.holding and self.offset + len(buf) == size
+            found, used, damaged = parse_records(buf, self.offset, final)
+            for start, end in damaged:
+                self.damaged = True
+                warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "
+                                            "every entry recorded before them reads as a miss"), stacklevel=5)
+            self.offset += used
+            records += found
+            if not used:
+                break  # the tail is being appended right now, or was cut short by a crash
+        if self.lost_tail:
+            records.append(Record(OP_LOST))
+        return records
+
+    def _truncated(self, size: int) -> None:
+        """Under the lock, the journal is shorter than its last append left it: cut by someone, not by a crash
+        (a crash leaves a torn tail *after* that size). What was cut may have replaced any entry: all read as
+        misses, and the caller appends a CLEAR so that every process agrees."""
+        self.lost_tail = True
+        warnings.warn(TamperWarning(f"{self.path}: truncated to {size} bytes (its last write ended at "
+                                    f"{_COUNTERS.unpack_from(self.counters)[2]}); every entry reads as a miss"),
+                      stacklevel=5)
+
+    def append(self, records: list[Record]) -> list[int]:
+        """Append under the lock, after ``read_new``: cuts off a torn tail a killed writer left, then writes all
+        records with one ``write``. Returns where each record's inline value starts. On failure the journal is as
+        it was."""
+        if self.end_seen > self.offset:
+            os.ftruncate(self.fd, self.offset)
+        packed = [pack_record(r) for r in records]
+        ends = list(accumulate(len(p) for p in packed))
+        data = b"".join(packed)
+        try:
+            written = os.write(self.fd, data)
+        except OSError as err:
+            os.ftruncate(self.fd, self.offset)
+            if err.errno in _NO_SPACE:
+                raise disk_full(self.folder, len(data)) from err
+            raise
+        if written != len(data):  # a short write: the disk filled up under it
+            os.ftruncate(self.fd, self.offset)
+            raise disk_full(self.folder, len(data))
+        starts = [self.offset + end - len(r.value) for end, r in zip(ends, records)]
+        self.offset = self.end_seen = self.offset + len(data)
+        self._bump(end=self.offset)
+        self.lost_tail = False
+        self.seen = self.counters[:_GENERATION_BYTES]  # this handle was caught up before it appended
+        return starts
+
+    def take_touches(self) -> list[Record]:
+        """The reads remembered since the last write, as one record (recency for the other processes)."""
+        keys, self.pending_touches = self.pending_touches, []
+        return [Record(OP_TOUCH, pack_keys(keys))] if keys else []
+
+    def replace(self, entries: list[tuple[bytes, Entry]]) -> None:
+        """Compaction, under the lock: one SET per live entry (inline values copied) goes to a temp file that
+        replaces ``index``; the epoch then sends every reader, this one included, to the new file. Temp files of
+        compactions killed mid-write (nobody else compacts while we hold the lock) are removed first."""
+        self._remove_temps()
+        temp = f"index.{os.urandom(6).hex()}.tmp"
+        batch: list[bytes] = [MAGIC]
+        size = 0
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.dir_fd)
+        try:
+            for key, entry in entries:
+                value = os.pread(self.fd, entry.size, entry.offset) if entry.inline else b""
+                batch.append(pack_record(Record(OP_SET, key, entry, value)))
+                if len(batch) >= 4096:
+                    size += _write_batch(fd, batch)
+                    batch = []
+            size += _write_batch(fd, batch)
+        except BaseException as err:
+            os.close(fd)
+            unlink_quietly(temp, self.dir_fd)
+            if isinstance(err, OSError) and err.errno in _NO_SPACE:
+                raise disk_full(self.folder, 0) from err
+            raise
+        os.close(fd)
+        # The epoch is odd while the switch is under way, so a writer killed between the two steps is noticed by
+        # the next lock holder (``_finish_compaction``), whichever file ``index`` then is.
+        self._bump(epoch_step=1)
+        os.replace(temp, "index", src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        self._bump(epoch_step=1, end=size)
+
+    def empty(self) -> None:
+        """Under the lock: the journal back to its magic alone, in place, so ``clear`` needs no free space. The
+        epoch is odd meanwhile, as in ``replace``, and its change sends every reader back to the start."""
+        self._bump(epoch_step=1)
+        os.ftruncate(self.fd, len(MAGIC))
+        self._bump(epoch_step=1, end=len(MAGIC))
+        self.lost_tail = False
+
+    def _finish_compaction(self) -> None:
+        """Under the lock, an odd epoch: a compacting writer died mid-way. Whichever file is ``index`` now is
+        whole (``os.replace`` is atomic), so make the epoch even again, with that file's size as the last end."""
+        self._bump(epoch_step=1, end=os.stat("index", dir_fd=self.dir_fd, follow_symlinks=False).st_size)
+        self._remove_temps()
+
+    def _remove_temps(self) -> None:
+        for name in os.listdir(self.dir_fd):
+            if _TEMP.fullmatch(name):
+                unlink_quietly(name, self.dir_fd)
+
+    def after_fork(self) -> None:
+        """``flock`` belongs to an open file, which a forked child shares with its parent: without a file of its
+        own the child's lock would not exclude the parent's."""
+        if self.fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = self._open_lock()
+            self.holding = False
+
+    def close(self, wait: bool = True) -> None:
+        """Write remembered reads (so recency survives a restart), then close. Safe to call twice. As a finalizer
+        (``wait=False``) it never waits for the lock: the garbage collector may run it on a thread that holds the
+        same folder's lock through another handle, and a blocking ``flock`` there would never return."""
+        if self.fd < 0:
+            return
+        try:
+            if self.pending_touches and self._try_lock(wait):
+                try:
+                    self.holding = True
+                    self.read_new()
+                    self.append(self.take_touches())
+                finally:
+                    self.holding = False
+                    fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+        except OSError:
+            pass  # recency is a hint: a full disk or a store folder removed meanwhile loses no value
+        finally:
+            os.close(self.fd)
+            os.close(self.lock_fd)
+            self.counters.close()
+            self.fd = -1
+
+    def _try_lock(self, wait: bool) -> bool:
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+def _write_batch(fd: int, batch: list[bytes]) -> int:
+    data = b"".join(batch)
+    _write_all(fd, data)
+    return len(data)
+
+
+_open_journals: weakref.WeakSet[_Journal] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for journal in list(_open_journals):
+        journal.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,170 @@
+"""The store journal's records, pure: how they are packed, and how a journal's bytes parse back into them.
+
+No I/O here. Every name read back is checked against the exact form the writer uses (16 hex digits and a known
+kind) before anything can use it as a path; damaged records are reported, never guessed at.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from .units import MiB
+
+# -- journal records (pure) ----------------------------------------------------------------------------------------
+
+KIND_PICKLE, KIND_NPY_READ, KIND_NPY_MAP = 0, 1, 2
+_EXT = {KIND_PICKLE: ".pkl", KIND_NPY_READ: ".npy", KIND_NPY_MAP: ".npy"}
+NAME_BYTES = 16
+_STEM = re.compile(rb"[0-9a-f]{%d}" % NAME_BYTES)
+_FRAME = struct.Struct("<III")  # meta length, inline value length, crc32(meta)
+_SET = struct.Struct("<BQ")  # kind, size
+OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR = b"S", b"D", b"T", b"C"
+OP_RESET = b"R"  # never written: what a reader sees when the journal it held was compacted away
+# Never written: where damaged records were skipped. Whatever they held is unknown, so every entry recorded before
+# them reads as a miss (an older value would be a lie); entries recorded after them are intact.
+OP_LOST = b"L"
+_OPS = (OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR)
+
+
+class Entry(NamedTuple):
+    name: str  # identity of this value; for a file entry also its name under data/
+    kind: int
+    size: int  # bytes on disk: the file, or the value inside the journal
+    offset: int = -1  # where an inline value starts in the journal; -1: it has its own file
+
+    @property
+    def inline(self) -> bool:
+        return self.offset >= 0
+
+
+class Record(NamedTuple):
+    op: bytes
+    key: bytes = b""
+    entry: Entry | None = None
+    value: bytes = b""  # an inline value being appended (signed bytes, signature last)
+
+
+def pack_record(record: Record) -> bytes:
+    if record.op == OP_SET:
+        entry = record.entry
+        assert entry is not None
+        meta = OP_SET + _SET.pack(entry.kind, entry.size) + entry.name[:NAME_BYTES].encode("ascii") + record.key
+    else:
+        meta = record.op + record.key
+    return _FRAME.pack(len(meta), len(record.value), zlib.crc32(meta)) + meta + record.value
+
+
+_KEY_LENGTH = struct.Struct("<I")
+
+
+def pack_keys(keys: list[bytes]) -> bytes:
+    return b"".join(_KEY_LENGTH.pack(len(key)) + key for key in keys)
+
+
+def unpack_keys(packed: bytes) -> Iterator[bytes]:
+    pos = 0
+    while pos + _KEY_LENGTH.size <= len(packed):
+        (length,) = _KEY_LENGTH.unpack_from(packed, pos)
+        pos += _KEY_LENGTH.size
+        yield packed[pos:pos + length]
+        pos += length
+
+
+def record_length(buf: bytes, pos: int = 0) -> int | None:
+    """Bytes the record at ``pos`` claims to take, or ``None`` if not even its frame is there."""
+    if pos + _FRAME.size > len(buf):
+        return None
+    meta_len, value_len, _ = _FRAME.unpack_from(buf, pos)
+    return int(_FRAME.size + meta_len + value_len)
+
+
+def _record_at(buf: bytes, pos: int, base: int) -> Record | None:
+    """The intact record at ``pos``, or ``None`` (incomplete or damaged)."""
+    length = record_length(buf, pos)
+    if length is None or pos + length > len(buf):
+        return None
+    meta_len, value_len, crc = _FRAME.unpack_from(buf, pos)
+    meta = buf[pos + _FRAME.size:pos + _FRAME.size + meta_len]
+    if meta_len == 0 or meta[:1] not in _OPS or zlib.crc32(meta) != crc:
+        return None
+    return _record_from(meta, value_len, base + pos + _FRAME.size + meta_len)
+
+
+def parse_records(buf: bytes, base: int = 0, final: bool = False) -> tuple[list[Record], int,
+                                                                          list[tuple[int, int]]]:
+    """The intact records in ``buf`` (which starts at journal offset ``base``), the bytes they use, and damaged
+    spans that were skipped. A bad record followed by good ones is damage (skipped, reported, an ``OP_LOST`` in its
+    place); one with nothing intact after it is the tail: being appended right now, or cut short by a crash, so
+    parsing stops there.
+
+    A record that runs past the end of ``buf`` is an incomplete tail too, unless ``final`` (the caller holds the
+    lock and ``buf`` reaches the end of the file, so nobody is appending): then intact records after it mean its
+    length field was damaged, and parsing resumes at them (a writer never appends after a torn record)."""
+    records: list[Record] = []
+    damaged: list[tuple[int, int]] = []
+    pos = 0
+    while pos < len(buf):
+        length = record_length(buf, pos)
+        if length is None or pos + length > len(buf):
+            resync = _next_intact(buf, pos, None, base) if final else None
+            if resync is None:
+                break  # incomplete: the tail
+            damaged.append((base + pos, base + resync))
+            records.append(Record(OP_LOST))
+            pos = resync
+            continue
+        record = _record_at(buf, pos, base)
+        if record is None:
+            resync = _next_intact(buf, pos, length, base)
+            if resync is None:
+                break
+            damaged.append((base + pos, base + resync))
+            records.append(Record(OP_LOST))
+            pos = resync
+            continue
+        records.append(record)
+        pos += length
+    return records, pos, damaged
+
+
+RESYNC_WINDOW = 1 * MiB  # past this much garbage, the rest is treated as a torn tail
+
+
+def _next_intact(buf: bytes, bad: int, length: int | None, base: int) -> int | None:
+    """Where intact records resume after the damaged one at ``bad``: where its own length says (damage in its
+    content), else the first intact record within ``RESYNC_WINDOW`` (damage in its length field)."""
+    if length is not None and bad + length < len(buf) and _record_at(buf, bad + length, base) is not None:
+        return bad + length
+    for pos in range(bad + 1, min(len(buf), bad + RESYNC_WINDOW) - _FRAME.size + 1):
+        if _record_at(buf, pos, base) is not None:
+            return pos
+    return None
+
+
+def _record_from(meta: bytes, value_len: int, value_at: int) -> Record | None:
+    """The record in ``meta``, or ``None`` when it is not one a writer makes (a name that is not 16 hex digits, an
+    unknown kind): a name read from disk is never used as a path before this check."""
+    op = meta[:1]
+    if op != OP_SET:
+        return Record(op, meta[1:])
+    name_at = 1 + _SET.size
+    if len(meta) < name_at + NAME_BYTES:
+        return None
+    kind, size = _SET.unpack_from(meta, 1)
+    stem = meta[name_at:name_at + NAME_BYTES]
+    if kind not in _EXT or not _STEM.fullmatch(stem):
+        return None
+    key = meta[name_at + NAME_BYTES:]
+    if value_len:
+        return Record(op, key, Entry(stem.decode("ascii"), kind, value_len, value_at))
+    return Record(op, key, Entry(stem.decode("ascii") + _EXT[kind], kind, size))
+
+
+def is_data_name(name: str) -> bool:
+    """A file name under ``data/`` that a writer makes."""
+    return len(name) == NAME_BYTES + 4 and name[NAME_BYTES:] in (".pkl", ".npy") and bool(
+        _STEM.fullmatch(name[:NAME_BYTES].encode("ascii", "replace")))
