@@ -22,9 +22,6 @@ import pytest
 
 import apsi_memory as memory
 from sim.pagecache import drop_cache
-from tests import test_map
-
-on_ssd, spill = test_map.on_ssd, test_map.spill  # the SSD-placement fixtures, shared
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="page-cache and madvise behaviour is Linux's")
 

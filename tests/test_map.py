@@ -6,7 +6,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,21 +13,6 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.errors import BlockError, ChunkError
-
-
-@pytest.fixture
-def spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "spill"
-    monkeypatch.setenv("APSI_SPILL_DIR", str(folder))
-    return folder
-
-
-@pytest.fixture
-def on_ssd(spill: Path) -> Iterator[Path]:
-    """A RAM budget of zero: every array over 1 MiB goes to a spill file."""
-    memory.budget(0)
-    yield spill
-    memory.budget("auto")
 
 
 def spill_files(folder: Path) -> list[str]:
