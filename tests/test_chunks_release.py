@@ -23,7 +23,10 @@ import pytest
 import apsi_memory as memory
 from sim.pagecache import drop_cache
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="page-cache and madvise behaviour is Linux's")
+# real: these measure the real kernel's page cache, and poll it (``eventually``, ``make_cold``) because the kernel
+# completes reads and writeback on its own schedule; no thread of ours is awaited by sleeping.
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(sys.platform != "linux", reason="page-cache and madvise behaviour is Linux's")]
 
 MiB = 1 << 20
 ROWS, COLS = 2 * MiB, 8  # float32: a 64 MiB file

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -191,12 +190,15 @@ def test_a_later_block_with_another_dtype_is_named(on_ssd: Path) -> None:
 
 
 def test_of_two_failing_blocks_the_first_in_row_order_is_raised(spill: Path) -> None:
-    # block 3 fails at once, block 2 a moment later: the error names block 2 all the same
+    # block 3 fails at once, block 2 only once block 3 has: the error names block 2 all the same
+    block_3_failed = threading.Event()
+
     def fn(b: np.ndarray) -> np.ndarray:
         if b[0, 0] == 2:
-            time.sleep(0.2)
+            assert block_3_failed.wait(10), "block 3 never ran"
             raise ValueError("slow")
         if b[0, 0] == 4:
+            block_3_failed.set()
             raise ValueError("fast")
         return b
 
