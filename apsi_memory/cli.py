@@ -37,11 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apsi-memory", description="The memory this program really has.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Subcommand)
-    for name, help_text in (("status", "RAM, swap, SSD, cores and GPUs in one line"),
-                            ("limits", "usable memory: the smaller of the host and the cgroup limit"),
-                            ("pressure", "the pressure level, free memory and PSI stalls")):
-        command = sub.add_parser(name, help=help_text)
-        command.add_argument("--json", action="store_true", help="print one JSON object per reading")
+    cli_files.add_json_commands(sub, (("status", "RAM, swap, SSD, cores and GPUs in one line"),
+                                      ("limits", "usable memory: the smaller of the host and the cgroup limit"),
+                                      ("pressure", "the pressure level, free memory and PSI stalls")),
+                                "print one JSON object per reading")
     watch = sub.choices["pressure"]
     watch.add_argument("--watch", type=_seconds, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
     watch.add_argument("--count", type=_at_least_one("readings"), metavar="N", help="with --watch: stop after N readings")

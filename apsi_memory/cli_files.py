@@ -19,13 +19,17 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun[:-1]}ies" if noun.endswith("y") else f"{n} {noun}s"
 
 
+def add_json_commands(sub: Any, commands: tuple[tuple[str, str], ...], json_help: str) -> None:
+    """Add each ``(name, help)`` command to the main parser's subparsers, each with a ``--json`` flag."""
+    for name, help_text in commands:
+        sub.add_parser(name, help=help_text).add_argument("--json", action="store_true", help=json_help)
+
+
 def add_commands(sub: Any) -> None:
     """Add the three commands to the main parser's subparsers."""
-    for name, help_text in (("spill", "spill files: owner pid, alive or not, size, age, total"),
+    add_json_commands(sub, (("spill", "spill files: owner pid, alive or not, size, age, total"),
                             ("stores", "each store under the store folder: entries, bytes on the SSD, path"),
-                            ("clean", "remove this user's spill files whose owner is dead")):
-        command = sub.add_parser(name, help=help_text)
-        command.add_argument("--json", action="store_true", help="print one JSON object")
+                            ("clean", "remove this user's spill files whose owner is dead")), "print one JSON object")
     clean = sub.choices["clean"]
     clean.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     clean.add_argument("--store", metavar="NAME", help="also remove every entry of the store NAME")

@@ -28,20 +28,18 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Protocol, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
 import numpy as np
 
-from . import api, arrays
+from . import arrays
 from .blocks import block_spans, positive_count, rows_per_block
-from .errors import BlockError, ChunkError
+from .machinery import machine
 from .pages import BlockPages
 from .progress import Progress, progress_bar
+from .rowblocks import BLOCKS_PER_WORKER, Spans, Stop, check_like, check_storable, result_of, run_in_order
 from .sources import resolve_source
-
-Spans = list[tuple[int, int]]
-BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
 
 
 def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,
@@ -56,7 +54,7 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
 
         return map_on_cluster(engine, fn, x, rows, workers, progress=progress)
     source = resolve_source(x)
-    n_workers = api.cores() if workers is None else positive_count(workers, "workers", "a number of threads")
+    n_workers = machine().cores() if workers is None else positive_count(workers, "workers", "a number of threads")
     block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
     array = source.open()
     spans = block_spans(len(array), block_rows) or [(0, 0)]
@@ -138,13 +136,13 @@ def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans
 def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
                 output: _Output, workers: int, bar: Progress) -> None:
     """Every block on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight."""
-    stop = _Stop(len(spans))
+    stop = Stop(len(spans))
 
     def work(index: int) -> int:
         if index >= stop.first:  # at or after a failed block: do not start
             return index
         try:
-            result = _result_of(fn, array, spans, index)
+            result = result_of(fn, array, spans, index)
             if index == 0:
                 output.make(result)
         finally:
@@ -152,7 +150,7 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
                 output.give_up()  # made, or failed: either way nobody may wait longer
         out = output.wait()
         if out is not None:
-            _check_like(result, out, spans, index)  # even when stopping: an earlier block's error wins
+            check_like(result, out, spans, index)  # even when stopping: an earlier block's error wins
             if not stop.stopping:
                 out[spans[index][0]:spans[index][1]] = result
         return index
@@ -169,112 +167,15 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
         run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, _wait_threads, done, stop, output.give_up)
 
 
-class BlockFuture(Protocol):
-    """What ``run_in_order`` needs of a future: a ``concurrent.futures.Future`` or a ``distributed.Future``."""
-
-    def exception(self) -> BaseException | None: ...
-
-    def result(self) -> Any: ...
-
-
-F = TypeVar("F", bound=BlockFuture)
-WaitFor = Callable[[set[F], str], tuple[set[F], set[F]]]
-
-
 def _wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
     done, running = wait(futures, return_when=when)
     return done, running
-
-
-def run_in_order(count: int, in_flight: int, submit: Callable[[int], F], wait_for: WaitFor[F],
-                 done: Callable[[int], None], stop: _Stop, on_stop: Callable[[], None], start: int = 0) -> None:
-    """Blocks ``start..count-1`` submitted in row order, at most ``in_flight`` at once, ``done(index)`` called as
-    each finishes (in row order among those finishing together). When blocks fail, no block is submitted any
-    more, those running finish (an earlier one may fail too), and the error of the first failing block in row
-    order is raised. ``on_stop`` is called once the run stops early (a failure, or an interrupt)."""
-    running: set[F] = set()
-    index_of: dict[F, int] = {}
-    upcoming = iter(range(start, count))
-    try:
-        while True:
-            for index in upcoming:
-                future = submit(index)
-                running.add(future)
-                index_of[future] = index
-                if len(running) >= in_flight:
-                    break
-            if not running:
-                return
-            finished, running = wait_for(running, FIRST_COMPLETED)
-            failed = [future for future in finished if future.exception() is not None]
-            if failed:
-                stop.at(min(index_of[future] for future in failed))
-                on_stop()
-                rest, _ = wait_for(running, ALL_COMPLETED)  # earlier blocks still run, and may fail first
-                failed += [future for future in rest if future.exception() is not None]
-                first = min(failed, key=index_of.__getitem__).exception()
-                assert first is not None
-                raise first
-            for future in sorted(finished, key=index_of.__getitem__):
-                done(future.result())
-    except BaseException:
-        stop.at(0)
-        on_stop()
-        raise
-
-
-class _Stop:
-    """Blocks from ``first`` on do not start. Set to the first failed block, so the blocks before it still run:
-    the error raised is always that of the first failing block in row order, whichever thread noticed first."""
-
-    def __init__(self, count: int) -> None:
-        self.count = self.first = count
-
-    def at(self, index: int) -> None:
-        self.first = min(self.first, index)
-
-    @property
-    def stopping(self) -> bool:
-        return self.first < self.count
 
 
 def _finished(index: int, spans: Spans, inputs: BlockPages, output: _Output, bar: Progress) -> None:
     inputs.finished(index)
     output.finished(index)
     bar.update(spans[index][1] - spans[index][0])
-
-
-def _result_of(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, index: int) -> np.ndarray:
-    start, stop = spans[index]
-    try:
-        result = np.asarray(fn(array[start:stop]))
-    except Exception as exc:
-        raise BlockError(f"fn failed on rows {_rows(spans, index)}: {type(exc).__name__}: {exc}") from exc
-    if result.ndim == 0 or len(result) != stop - start:
-        shape = "a single value" if result.ndim == 0 else f"{len(result)} rows"
-        raise ChunkError(f"fn returned {shape} for rows {_rows(spans, index)} ({stop - start} rows); map needs "
-                         "one result row per input row")
-    return result
-
-
-def check_storable(first: np.ndarray, spans: Spans) -> None:
-    """The output is a ``memory.array``: block 0's result must be something it can hold."""
-    if first.dtype.hasobject:
-        raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {_rows(spans, 0)}; "
-                         "the output is a memory.array, which holds numbers and fixed-size records only")
-
-
-def _check_like(result: np.ndarray, out: np.ndarray, spans: Spans, index: int) -> None:
-    if result.shape[1:] != out.shape[1:] or result.dtype != out.dtype:
-        raise ChunkError(f"fn returned rows of shape {result.shape[1:]} and dtype {result.dtype} for rows "
-                         f"{_rows(spans, index)}, but rows of shape {out.shape[1:]} and dtype {out.dtype} for "
-                         "the first block; every block must give the same row shape and dtype")
-
-
-def _rows(spans: Spans, index: int) -> str:
-    """``1000:2000 (block 2 of 10)``."""
-    start, stop = spans[index]
-    return f"{start}:{stop} (block {index + 1} of {len(spans)})"
 
 
 def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, client: Any = None) -> Any:

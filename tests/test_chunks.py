@@ -11,9 +11,6 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.errors import ChunkError, CorruptFileError
-from tests import test_map
-
-on_ssd, spill = test_map.on_ssd, test_map.spill  # the SSD-placement fixtures, shared
 
 
 @pytest.fixture(autouse=True)

@@ -3,38 +3,15 @@ RAM, a memmap or a file."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 
-import hypothesis.extra.numpy as hnp
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import apsi_memory as memory
-
-DTYPES = st.sampled_from(["int8", "uint16", "<i4", ">i8", "float32", "<f8", "complex64", "bool", "S3", "<U2"])
-SHAPES = hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=40)
-SOURCES = st.sampled_from(["ram", "file", "memmap"])
-
-
-def arrays_of(dtypes: st.SearchStrategy[str] = DTYPES) -> st.SearchStrategy[np.ndarray]:
-    return dtypes.flatmap(lambda dtype: hnp.arrays(np.dtype(dtype), SHAPES))
-
-
-def as_source(x: np.ndarray, kind: str, folder: str) -> np.ndarray | str:
-    if kind == "ram":
-        return x
-    path = os.path.join(folder, "x.npy")
-    np.save(path, x)
-    return path if kind == "file" else np.load(path, mmap_mode="r")
-
-
-@pytest.fixture(autouse=True)
-def _spill_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path_factory.mktemp("spill")))
+from tests.strategies import SOURCES, arrays_of, as_source
 
 
 def joined(blocks: Iterator[np.ndarray], like: np.ndarray) -> np.ndarray:

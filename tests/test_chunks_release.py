@@ -22,11 +22,11 @@ import pytest
 
 import apsi_memory as memory
 from sim.pagecache import drop_cache
-from tests import test_map
 
-on_ssd, spill = test_map.on_ssd, test_map.spill  # the SSD-placement fixtures, shared
-
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="page-cache and madvise behaviour is Linux's")
+# real: these measure the real kernel's page cache, and poll it (``eventually``, ``make_cold``) because the kernel
+# completes reads and writeback on its own schedule; no thread of ours is awaited by sleeping.
+pytestmark = [pytest.mark.real,
+              pytest.mark.skipif(sys.platform != "linux", reason="page-cache and madvise behaviour is Linux's")]
 
 MiB = 1 << 20
 ROWS, COLS = 2 * MiB, 8  # float32: a 64 MiB file

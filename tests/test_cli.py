@@ -62,9 +62,22 @@ def test_bad_arguments_are_rejected() -> None:
     assert run("nonsense").returncode == 2
 
 
+# `apsi-memory pressure --watch SECONDS` as ``python -m apsi_memory`` runs it, but on an autojump FakeClock over the
+# APSI_FS_ROOT tree: it prints readings as fast as the pipe takes them, forever, so it is writing when the reader
+# leaves whatever the timing (no real interval to outlast the reader, no sleep).
+WATCH_ON_A_FAKE_CLOCK = """
+import os, sys
+import sim
+from apsi_memory.cli import main
+from sim.clock import FakeClock
+with sim.machine(os.environ["APSI_FS_ROOT"], FakeClock(autojump=True)).use():
+    sys.exit(main(["pressure", "--watch", "30"]))
+"""
+
+
 def test_a_reader_that_leaves_early_is_no_traceback(sim_machine: Callable[..., SimTree]) -> None:
     sim_machine(machines.host)
-    watch = subprocess.Popen([sys.executable, "-m", "apsi_memory", "pressure", "--watch", "0.05", "--count", "100"],
+    watch = subprocess.Popen([sys.executable, "-c", WATCH_ON_A_FAKE_CLOCK],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert watch.stdout is not None and watch.stderr is not None
     assert watch.stdout.readline().startswith("ok: 7.0 GB free")

@@ -105,6 +105,9 @@ def _status(client: Any) -> list[str]:
 
 
 def _wait_status(client: Any, wanted: str) -> None:
+    # Polls, on purpose: the plugin runs in the worker processes on distributed's own event loop and real clock
+    # (its PeriodicCallback), and the scheduler learns a worker's status by message; no thread of this process is
+    # awaited, and no FakeClock reaches across processes.
     deadline = time.monotonic() + 15
     while _status(client) != [wanted, wanted] and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -16,19 +16,9 @@ from apsi_memory.adapters.clock import SystemClock
 from apsi_memory.decide import Level
 from apsi_memory.levels import RECHECK_SECONDS
 from sim.clock import FakeClock
+from sim.components import Heard
 from sim.pressure import PressureMachine
 from sim.tree import GiB, MiB, docker_v1, host
-
-
-class Heard:
-    def __init__(self) -> None:
-        self.levels: list[Level] = []
-
-    def on_level(self, level: Level) -> None:
-        self.levels.append(level)
-
-    def relieve(self) -> None:
-        pass
 
 
 def test_the_module_functions_read_the_installed_machine_and_the_previous_one_comes_back(tmp_path: Path) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,21 +12,6 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.errors import BlockError, ChunkError
-
-
-@pytest.fixture
-def spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "spill"
-    monkeypatch.setenv("APSI_SPILL_DIR", str(folder))
-    return folder
-
-
-@pytest.fixture
-def on_ssd(spill: Path) -> Iterator[Path]:
-    """A RAM budget of zero: every array over 1 MiB goes to a spill file."""
-    memory.budget(0)
-    yield spill
-    memory.budget("auto")
 
 
 def spill_files(folder: Path) -> list[str]:
@@ -207,12 +190,15 @@ def test_a_later_block_with_another_dtype_is_named(on_ssd: Path) -> None:
 
 
 def test_of_two_failing_blocks_the_first_in_row_order_is_raised(spill: Path) -> None:
-    # block 3 fails at once, block 2 a moment later: the error names block 2 all the same
+    # block 3 fails at once, block 2 only once block 3 has: the error names block 2 all the same
+    block_3_failed = threading.Event()
+
     def fn(b: np.ndarray) -> np.ndarray:
         if b[0, 0] == 2:
-            time.sleep(0.2)
+            assert block_3_failed.wait(10), "block 3 never ran"
             raise ValueError("slow")
         if b[0, 0] == 4:
+            block_3_failed.set()
             raise ValueError("fast")
         return b
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import apsi_memory as memory
-from tests.test_chunks_props import SOURCES, _spill_in_tmp, arrays_of, as_source  # noqa: F401 (fixture)
+from tests.strategies import SOURCES, arrays_of, as_source
 
 
 def quiet(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from apsi_memory.decide import Level
 from apsi_memory.levels import RECHECK_SECONDS, Components, LevelTracker
 from sim.clock import FakeClock
+from sim.components import Heard
 
 
 def tracker_telling(heard: Heard, measure: Callable[[Level], Level]) -> tuple[LevelTracker, FakeClock]:
@@ -15,19 +16,6 @@ def tracker_telling(heard: Heard, measure: Callable[[Level], Level]) -> tuple[Le
     components, clock = Components(), FakeClock()
     components.register(heard)
     return LevelTracker(measure, clock, components.notify), clock
-
-
-class Heard:
-    """A component that records every level it is told."""
-
-    def __init__(self) -> None:
-        self.levels: list[Level] = []
-
-    def on_level(self, level: Level) -> None:
-        self.levels.append(level)
-
-    def relieve(self) -> None:
-        pass
 
 
 def test_a_slow_older_reading_does_not_overwrite_a_newer_one():

@@ -1,7 +1,7 @@
 """``memory.map(fn, x, rows, engine=client)`` on a dask cluster, and ``memory.to_dask(x, rows)``.
 
-The blocks are the local ``map``'s (``block_spans``), driven by the same ``run_in_order``, checked by the same
-``_result_of``/``_check_like``, with the same errors. What differs is how data reaches the workers: by path.
+The blocks are the local ``map``'s (``block_spans``), driven by the same ``rowblocks.run_in_order``, checked by the
+same ``result_of``/``check_like``, with the same errors. What differs is how data reaches the workers: by path.
 
 * Input: a ``.npy`` path, or an array whose rows lie one after another in a file (``np.load(mmap_mode="r")``, an
   ``np.memmap``, a spilled ``memory.array``), is found in ``/proc/self/maps`` and opened on the worker by path and
@@ -29,17 +29,9 @@ import numpy as np
 from .. import arrays, spill
 from ..blocks import block_spans, rows_per_block
 from ..errors import BlockError, ChunkError
-from ..mapping import (
-    BLOCKS_PER_WORKER,
-    Spans,
-    _check_like,
-    _result_of,
-    _Stop,
-    check_storable,
-    run_in_order,
-)
 from ..pages import BlockPages, file_region, row_extent
 from ..progress import progress_bar
+from ..rowblocks import BLOCKS_PER_WORKER, Spans, Stop, check_like, check_storable, result_of, run_in_order
 from ..sources import resolve_source
 
 Fn = Callable[[np.ndarray], np.ndarray]
@@ -112,7 +104,7 @@ def write_block(fn: Fn, rows: FileRows, out: FileRows, spans: Spans, index: int)
     try:
         pages.note(stop - start)
         result = _compute(fn, rows, spans, index)
-        _check_like(result, target, spans, index)
+        check_like(result, target, spans, index)
         target[:] = result
         if isinstance(target, np.memmap):
             target.flush()  # on the disk before the caller reads it, whatever the filesystem
@@ -130,7 +122,7 @@ def _compute(fn: Fn, rows: FileRows, spans: Spans, index: int) -> np.ndarray:
     pages = BlockPages(array[start:stop], [(0, stop - start)])
     try:
         pages.read_ahead(0, stop - start)
-        return _result_of(fn, array, spans, index)
+        return result_of(fn, array, spans, index)
     except BlockError as exc:
         exc.cause = exc.__cause__  # type: ignore[attr-defined]  # pickled with the error: see restore_cause
         raise
@@ -190,7 +182,7 @@ def _run(client: Any, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, pr
             def done(index: int) -> None:
                 bar.update(spans[index][1] - spans[index][0])
 
-            run_in_order(len(spans), in_flight, submit, wait_for, done, _Stop(len(spans)), lambda: None, start=1)
+            run_in_order(len(spans), in_flight, submit, wait_for, done, Stop(len(spans)), lambda: None, start=1)
     except BaseException as exc:
         arrays.free(out)
         restore_cause(exc)
