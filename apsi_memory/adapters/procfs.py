@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import CorruptFileError
+from .files import KernelFiles
 from .root import read_text, resolve
 
 
@@ -17,19 +18,29 @@ class MemInfo:
     swap_free: int
 
 
+_MEMINFO_FIELDS = frozenset(("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapTotal", "SwapFree"))
+
+
 def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
+    """The fields this library uses; it stops reading once it has them all (they are in the first 20 lines)."""
     fields: dict[str, int] = {}
     for line in text.splitlines():
         name, sep, rest = line.partition(":")
+        if name not in _MEMINFO_FIELDS:
+            name = name.strip()
+            if name not in _MEMINFO_FIELDS:
+                continue
         words = rest.split()
         if not sep or not words:
             continue
         try:
             value = int(words[0])
         except ValueError:
-            raise CorruptFileError(path, f"field {name.strip()!r} has a non-numeric value {words[0]!r}") from None
+            raise CorruptFileError(path, f"field {name!r} has a non-numeric value {words[0]!r}") from None
         unit = words[1] if len(words) > 1 else ""
-        fields[name.strip()] = value * 1024 if unit == "kB" else value
+        fields[name] = value * 1024 if unit == "kB" else value
+        if len(fields) == len(_MEMINFO_FIELDS):
+            break
     if "MemTotal" not in fields:
         raise CorruptFileError(path, "no MemTotal line")
     total = fields["MemTotal"]
@@ -39,8 +50,8 @@ def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
     return MemInfo(total, available, fields.get("SwapTotal", 0), fields.get("SwapFree", 0))
 
 
-def read_meminfo(root: str | None = None) -> MemInfo | None:
-    text = read_text(resolve(root), "/proc/meminfo")
+def read_meminfo(files: KernelFiles) -> MemInfo | None:
+    text = files.read("/proc/meminfo")
     return None if text is None else parse_meminfo(text)
 
 
@@ -64,11 +75,6 @@ def parse_self_cgroup(text: str, path: str = "/proc/self/cgroup") -> list[Cgroup
         controllers = tuple(c for c in parts[1].split(",") if c)
         entries.append(CgroupEntry(int(parts[0]), controllers, parts[2]))
     return entries
-
-
-def read_self_cgroup(root: str | None = None) -> list[CgroupEntry]:
-    text = read_text(resolve(root), "/proc/self/cgroup")
-    return [] if text is None else parse_self_cgroup(text)
 
 
 @dataclass(frozen=True)
@@ -103,11 +109,6 @@ def parse_mountinfo(text: str, path: str = "/proc/self/mountinfo") -> list[Mount
         options = tuple(tail[2].split(",")) if len(tail) > 2 else ()
         mounts.append(Mount(_unescape(head[3]), _unescape(head[4]), tail[0], options))
     return mounts
-
-
-def read_mountinfo(root: str | None = None) -> list[Mount]:
-    text = read_text(resolve(root), "/proc/self/mountinfo")
-    return [] if text is None else parse_mountinfo(text)
 
 
 def parse_loadavg(text: str, path: str = "/proc/loadavg") -> float:
