@@ -67,15 +67,18 @@ def parse_memory_stat(text: str, path: str) -> dict[str, int]:
 
 
 def parse_stat_fields(text: str, path: str, names: tuple[str, ...]) -> dict[str, int]:
-    """Only ``names`` of a ``memory.stat`` (a reading needs two or three of its 40 to 70 lines), as
-    ``parse_memory_stat`` would read them. Where some line is not ``name value`` the whole file is parsed, so the
-    first bad line is named the same way."""
-    words = text.split()
-    if len(words) != 2 * len(text.splitlines()):
-        stats = parse_memory_stat(text, path)
-        return {name: stats[name] for name in names if name in stats}
-    pairs = dict(zip(words[::2], words[1::2]))
-    return {name: parse_bytes(pairs[name], path) for name in names if name in pairs}
+    """Only ``names`` of a ``memory.stat`` (a reading needs two or three of its 40 to 70 lines), found where the
+    kernel writes them (``name value`` at the start of a line; the last one wins, as in ``parse_memory_stat``).
+    Where one is not found so, the whole file is parsed: a malformed file is then named as that names it."""
+    lines, found = "\n" + text, {}
+    for name in names:
+        start = lines.rfind(f"\n{name} ")
+        if start < 0:
+            stats = parse_memory_stat(text, path)
+            return {name: stats[name] for name in names if name in stats}
+        end = lines.find("\n", start + 1)
+        found[name] = parse_bytes(lines[start + len(name) + 2:end if end >= 0 else len(lines)], path)
+    return found
 
 
 # -- finding the group ---------------------------------------------------------------------------------------------

@@ -18,29 +18,21 @@ class MemInfo:
     swap_free: int
 
 
-_MEMINFO_FIELDS = frozenset(("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapTotal", "SwapFree"))
+_MEMINFO_FIELDS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapTotal", "SwapFree")
 
 
 def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
-    """The fields this library uses; it stops reading once it has them all (they are in the first 20 lines)."""
-    fields: dict[str, int] = {}
-    for line in text.splitlines():
-        name, sep, rest = line.partition(":")
-        if name not in _MEMINFO_FIELDS:
-            name = name.strip()
-            if name not in _MEMINFO_FIELDS:
-                continue
-        words = rest.split()
-        if not sep or not words:
-            continue
-        try:
-            value = int(words[0])
-        except ValueError:
-            raise CorruptFileError(path, f"field {name!r} has a non-numeric value {words[0]!r}") from None
-        unit = words[1] if len(words) > 1 else ""
-        fields[name] = value * 1024 if unit == "kB" else value
-        if len(fields) == len(_MEMINFO_FIELDS):
+    """The fields this library uses, found where the kernel writes them (``Name:`` at the start of a line); where
+    one is not found so (an old kernel, odd spacing) every line is looked at."""
+    lines, rests = "\n" + text, {}
+    for name in _MEMINFO_FIELDS:
+        start = lines.rfind(f"\n{name}:")
+        if start < 0:
+            rests = _meminfo_rests(text)
             break
+        end = lines.find("\n", start + 1)
+        rests[name] = lines[start + len(name) + 2:end if end >= 0 else len(lines)]
+    fields = {name: value for name, rest in rests.items() if (value := _meminfo_value(name, rest, path)) is not None}
     if "MemTotal" not in fields:
         raise CorruptFileError(path, "no MemTotal line")
     total = fields["MemTotal"]
@@ -48,6 +40,28 @@ def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
     estimate = fields.get("MemFree", 0) + fields.get("Buffers", 0) + fields.get("Cached", 0)
     available = min(total, fields.get("MemAvailable", estimate))
     return MemInfo(total, available, fields.get("SwapTotal", 0), fields.get("SwapFree", 0))
+
+
+def _meminfo_rests(text: str) -> dict[str, str]:
+    """What follows the colon on each line of a field this library uses (the last line of a name wins)."""
+    rests = {}
+    for line in text.splitlines():
+        name, sep, rest = line.partition(":")
+        if sep and name.strip() in _MEMINFO_FIELDS:
+            rests[name.strip()] = rest
+    return rests
+
+
+def _meminfo_value(name: str, rest: str, path: str) -> int | None:
+    """``   8000 kB`` in bytes; None for nothing after the colon (the field counts as absent)."""
+    words = rest.split()
+    if not words:
+        return None
+    try:
+        value = int(words[0])
+    except ValueError:
+        raise CorruptFileError(path, f"field {name!r} has a non-numeric value {words[0]!r}") from None
+    return value * 1024 if len(words) > 1 and words[1] == "kB" else value
 
 
 def read_meminfo(files: KernelFiles) -> MemInfo | None:
