@@ -73,7 +73,10 @@ class Machine:
         """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both."""
         due = self.tracker.due()
         reading = self.memory()
-        level = self.tracker.level if due is None else self.tracker.publish(due[0], pressure_from(reading, due[1]).level)
+        if due is None:
+            level = self.tracker.level
+        else:  # published (and told to the components) before the budget is read, as current_level() then limits()
+            level = self.tracker.publish(due[0], pressure_from(reading, due[1]).level)
         return level, limits_from(reading, self.budget_from(reading))
 
     def pressure(self) -> Pressure:

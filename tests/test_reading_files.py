@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -121,24 +121,16 @@ def test_readings_from_several_threads_while_files_are_replaced_read_one_value_o
     limit_file = "/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/" \
                  "cri-containerd-abcdef.scope/memory.max"
     m = sim.machine(tree)
-    seen: set[int] = set()
-    errors: list[BaseException] = []
 
-    def read() -> None:
-        try:
-            for _ in range(150):
-                seen.add(m.limits().usable_bytes)
-        except BaseException as exc:  # reported below, with the others
-            errors.append(exc)
+    def read() -> set[int]:
+        return {m.limits().usable_bytes for _ in range(150)}
 
-    readers = [threading.Thread(target=read) for _ in range(4)]
-    for thread in readers:
-        thread.start()
-    for i in range(300):
-        replace(tree, limit_file, f"{(1 + i % 2) * GiB}\n")
-    for thread in readers:
-        thread.join()
-    assert errors == [] and seen <= {1 * GiB, 2 * GiB} and seen
+    with ThreadPoolExecutor(4) as pool:
+        readers = [pool.submit(read) for _ in range(4)]
+        for i in range(300):
+            replace(tree, limit_file, f"{(1 + i % 2) * GiB}\n")
+        seen = set().union(*(reader.result() for reader in readers))  # a reader's error is raised here
+    assert seen and seen <= {1 * GiB, 2 * GiB}
 
 
 def test_an_allocation_takes_one_reading_for_the_level_and_the_budget(pressure_machine: PressureMachine,

@@ -44,18 +44,24 @@ class KernelFiles:
         if fd is not None and path not in self._kernel and not _still_there(fd):
             self._forget(path)
             fd = None
-        fresh = fd is None
-        if fd is None:
+        if fd is not None:
             try:
-                fd = os.open(under(self.root, path), os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return None
-            self._open[path] = fd
+                return self._whole(path, fd).decode("utf-8", errors="replace")
+            except OSError:  # ENODEV: its group was removed; a group of that name may be there now
+                self._forget(path)
+        return self._read_fresh(path)
+
+    def _read_fresh(self, path: str) -> str | None:
+        try:
+            fd = os.open(under(self.root, path), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        self._open[path] = fd
         try:
             data = self._whole(path, fd)
-            if fresh and data and os.fstat(fd).st_size == 0:
+            if data and os.fstat(fd).st_size == 0:
                 self._kernel.add(path)
-        except OSError:  # EOPNOTSUPP (PSI disabled), EISDIR, ENODEV (the group was removed): not available now
+        except OSError:  # EOPNOTSUPP (PSI disabled), EISDIR: not available now
             self._forget(path)
             return None
         return data.decode("utf-8", errors="replace")
@@ -81,7 +87,10 @@ class KernelFiles:
         return True
 
     def close(self) -> None:
+        """Close every descriptor now; a later read opens its file again (and that is closed on collection)."""
         self._closer()
+        self._kernel.clear()
+        self._closer = weakref.finalize(self, _close_all, self._open)
 
     def _whole(self, path: str, fd: int) -> bytes:
         room = self._room.get(path, _FIRST_READ)
