@@ -188,3 +188,32 @@ def test_the_fields_a_reading_takes_from_memory_stat_are_what_the_whole_parse_gi
         except CorruptFileError:
             continue  # a file the whole parse refuses: the fields either raise or are read, both are fine
         assert parse_stat_fields(text, "memory.stat", names) == {name: whole[name] for name in names if name in whole}
+
+
+@pytest.mark.real
+def test_mountinfo_is_read_again_only_after_the_kernel_says_the_mounts_changed(tmp_path: Path) -> None:
+    """1 tmpfs mounted and unmounted: until then the open /proc/self/mountinfo gives no POLLPRI and the last text
+    stands; after the mount the text is read anew and shows it."""
+    import subprocess
+
+    from apsi_memory.adapters.files import KernelFiles
+
+    if os.geteuid() != 0 or not os.path.exists("/proc/self/mountinfo"):
+        pytest.skip("needs root (to mount a tmpfs) and /proc/self/mountinfo")
+    files = KernelFiles("/")
+    try:
+        first = files.read("/proc/self/mountinfo")
+        assert first is not None
+        assert files.read_if_changed("/proc/self/mountinfo", "as before") == "as before"  # not read again
+        point = tmp_path / f"i14mem-{os.getpid()}"
+        point.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(point)], check=False).returncode:
+            pytest.skip("cannot mount a tmpfs here")
+        try:
+            text = files.read_if_changed("/proc/self/mountinfo", "as before")
+            assert text is not None and str(point) in text
+            assert files.read_if_changed("/proc/self/mountinfo", "as before") == "as before"  # told once per change
+        finally:
+            subprocess.run(["umount", str(point)], check=True)
+    finally:
+        files.close()

@@ -22,7 +22,7 @@ import os
 import select
 import weakref
 
-from .root import under
+from .root import read_text, under
 
 _FIRST_READ = 8192  # bytes; a file that fills the buffer is read again with twice the room
 
@@ -52,8 +52,10 @@ class KernelFiles:
         return self._read_fresh(path)
 
     def _read_fresh(self, path: str) -> str | None:
+        if not hasattr(os, "pread"):  # Windows: nothing to keep open (and no kernel files to read)
+            return read_text(self.root, path)
         try:
-            fd = os.open(under(self.root, path), os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(under(self.root, path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return None
         self._open[path] = fd
