@@ -50,20 +50,16 @@ def parse_bytes(text: str, path: str) -> int:
 
 
 def parse_memory_stat(text: str, path: str) -> dict[str, int]:
-    """``memory.stat``: ``name value`` lines (both versions). Values are checked all at once where they are all
-    plain digits (as the kernel writes them); otherwise line by line, so the first bad one is named."""
-    names, values = [], []
+    """``memory.stat``: ``name value`` lines (both versions)."""
+    stats = {}
     for line in text.splitlines():
         words = line.split()
-        if len(words) == 2:
-            names.append(words[0])
-            values.append(words[1])
-        elif words:
+        if not words:
+            continue
+        if len(words) != 2:
             raise CorruptFileError(path, f"line {line!r} is not 'name value'")
-    digits = "".join(values)
-    if digits.isascii() and digits.isdigit():
-        return dict(zip(names, map(int, values)))
-    return {name: parse_bytes(value, path) for name, value in zip(names, values)}
+        stats[words[0]] = parse_bytes(words[1], path)
+    return stats
 
 
 def parse_stat_fields(text: str, path: str, names: tuple[str, ...]) -> dict[str, int]:
