@@ -188,8 +188,7 @@ def _where(nbytes: int) -> tuple[Place, str]:
     looked up (one ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none
     written"."""
     m = machine()
-    level = m.current_level()
-    reading = m.limits()  # budget and free from one reading
+    level, reading = m.level_and_limits()  # the level (when due), budget and free from one reading
     held = m.ledger.held()
 
     def left(unwritten: int) -> int:

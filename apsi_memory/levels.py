@@ -107,14 +107,18 @@ class LevelTracker:
         self._lock = threading.Lock()
 
     def current(self) -> Level:
+        due = self.due()
+        return self.level if due is None else self.publish(due[0], self.measure(due[1]))
+
+    def due(self) -> tuple[int, Level] | None:
+        """None while the last reading is fresh; else the reading is due, and whoever asked takes it: its ticket
+        for ``publish`` and the previous level (``Machine.level_and_limits`` takes it with the budget's)."""
         now = self.clock.now()
         with self._lock:
-            fresh = self.measured_at is not None and now - self.measured_at < RECHECK_SECONDS
-            if fresh:
-                return self.level
+            if self.measured_at is not None and now - self.measured_at < RECHECK_SECONDS:
+                return None
             self.measured_at = now
-            ticket, previous = self._start()
-        return self.publish(ticket, self.measure(previous))
+            return self._start()
 
     def begin(self) -> tuple[int, Level]:
         """Start a reading taken elsewhere: its ticket for ``publish``, and the level to use as the previous one."""

@@ -18,6 +18,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from .adapters.clock import Clock, SystemClock
 from .adapters.procfs import ProcStatus, read_proc_status
@@ -26,7 +27,7 @@ from .decide import Level, default_budget
 from .errors import BudgetWarning, SizeError
 from .ledger import Ledger
 from .levels import Components, LevelTracker
-from .measure import MemoryReading, read_memory
+from .measure import MemoryReader, MemoryReading
 from .readings import Budget, Limits, Pressure, limits_from, pressure_from
 from .units import fmt_gb, parse_size
 
@@ -39,9 +40,11 @@ class Machine:
     def __init__(self, root: str | None = None, clock: Clock | None = None) -> None:
         self.root = resolve(root)
         self.clock: Clock = clock or SystemClock()
+        self.reader = MemoryReader(self.root)  # its kernel files stay open until the machine is collected
         self.ledger = Ledger()
         self.components = Components()
-        self.tracker = LevelTracker(self._measure_level, self.clock, self.components.notify)
+        # The tracker holds the reader, not the machine: no cycle, so a dropped machine closes its files at once.
+        self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify)
         self.budget_set: int | None = None  # set by budget(); None: the default
 
     def __repr__(self) -> str:
@@ -60,11 +63,21 @@ class Machine:
     # -- readings --------------------------------------------------------------------------------------------------
 
     def memory(self) -> MemoryReading:
-        return read_memory(self.root)
+        return self.reader.read()
 
     def limits(self) -> Limits:
         reading = self.memory()
         return limits_from(reading, self.budget_from(reading))
+
+    def level_and_limits(self) -> tuple[Level, Limits]:
+        """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both."""
+        due = self.tracker.due()
+        reading = self.memory()
+        if due is None:
+            level = self.tracker.level
+        else:  # published (and told to the components) before the budget is read, as current_level() then limits()
+            level = self.tracker.publish(due[0], pressure_from(reading, due[1]).level)
+        return level, limits_from(reading, self.budget_from(reading))
 
     def pressure(self) -> Pressure:
         """Measure now; the level uses the last one for hysteresis and the components hear of a change."""
@@ -76,9 +89,6 @@ class Machine:
     def current_level(self) -> Level:
         """The level for an allocation path: cheap, re-measured at most twice a second."""
         return self.tracker.current()
-
-    def _measure_level(self, previous: Level) -> Level:
-        return pressure_from(self.memory(), previous).level
 
     def cores(self) -> int:
         return cores_from(read_proc_status(self.root))
@@ -114,6 +124,10 @@ def _warn_above_usable(budget_bytes: int, usable: int) -> None:
     # filter, and tests or -W error can turn it into an error.
     warnings.warn(BudgetWarning(f"budget {fmt_gb(budget_bytes)} is more than the {fmt_gb(usable)} usable here; "
                                 "arrays are still placed by what is free"), stacklevel=4)
+
+
+def _measure_level(reader: MemoryReader, previous: Level) -> Level:
+    return pressure_from(reader.read(), previous).level
 
 
 def cores_from(status: ProcStatus | None) -> int:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import psutil
 
-from .adapters.cgroup import CgroupMemory, read_cgroup_memory, read_layout
+from .adapters.cgroup import CgroupMemory, Layout, read_cgroup_memory, read_layout
+from .adapters.files import KernelFiles
 from .adapters.procfs import MemInfo, read_meminfo
 from .adapters.psi import Psi, read_psi
 from .adapters.root import resolve
@@ -49,13 +51,42 @@ def _host_from_psutil() -> MemInfo:
     return MemInfo(int(vm.total), int(vm.available), int(swap.total), int(swap.free))
 
 
+class MemoryReader:
+    """Takes ``MemoryReading``s of one root, keeping its kernel files open (``adapters.files``) and where the group
+    is while ``/proc/self/cgroup`` and ``mountinfo`` read the same. Limits, usage and PSI are read afresh every
+    time (a pod is resized in place). One reading at a time: readings from several threads wait for each other."""
+
+    def __init__(self, root: str | None = None) -> None:
+        self.root = resolve(root)
+        self.files = KernelFiles(self.root)
+        self._layout: Layout | None = None
+        self._lock = threading.Lock()
+
+    def read(self) -> MemoryReading:
+        if self.files.forked():  # a lock held by a thread of the parent at fork would never be released here
+            self._lock = threading.Lock()
+        with self._lock:
+            self._layout = layout = read_layout(self.files, self._layout)
+            return _reading(self.files, layout)
+
+    def close(self) -> None:
+        self.files.close()
+
+
 def read_memory(root: str | None = None) -> MemoryReading:
-    root = resolve(root)
-    host = read_meminfo(root) or _host_from_psutil()
-    layout = read_layout(root)
-    group = read_cgroup_memory(host.total, root, layout)
+    """One reading, opening and closing its files (a ``Machine`` keeps a ``MemoryReader`` instead)."""
+    reader = MemoryReader(root)
     try:
-        psi, psi_problem = read_psi(root, layout), None
+        return reader.read()
+    finally:
+        reader.close()
+
+
+def _reading(files: KernelFiles, layout: Layout) -> MemoryReading:
+    host = read_meminfo(files) or _host_from_psutil()
+    group = read_cgroup_memory(host.total, files, layout)
+    try:
+        psi, psi_problem = read_psi(files, layout), None
     except CorruptFileError as exc:  # a stall reading we cannot parse must never hide the memory limit
         psi, psi_problem = None, str(exc)
     if isinstance(group, str):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..decide import V1_LIMIT_FILES, V1_STAT_LIMIT, V2_LIMIT_FILES, GroupLevel, combine_levels
 from ..errors import CorruptFileError
-from .procfs import CgroupEntry, Mount, read_mountinfo, read_self_cgroup
-from .root import read_text, resolve
+from .files import KernelFiles
+from .procfs import CgroupEntry, Mount, parse_mountinfo, parse_self_cgroup
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,21 @@ def parse_memory_stat(text: str, path: str) -> dict[str, int]:
             raise CorruptFileError(path, f"line {line!r} is not 'name value'")
         stats[words[0]] = parse_bytes(words[1], path)
     return stats
+
+
+def parse_stat_fields(text: str, path: str, names: tuple[str, ...]) -> dict[str, int]:
+    """Only ``names`` of a ``memory.stat`` (a reading needs two or three of its 40 to 70 lines), found where the
+    kernel writes them (``name value`` at the start of a line; the last one wins, as in ``parse_memory_stat``).
+    Where one is not found so, the whole file is parsed: a malformed file is then named as that names it."""
+    lines, found = "\n" + text, {}
+    for name in names:
+        start = lines.rfind(f"\n{name} ")
+        if start < 0:
+            stats = parse_memory_stat(text, path)
+            return {name: stats[name] for name in names if name in stats}
+        end = lines.find("\n", start + 1)
+        found[name] = parse_bytes(lines[start + len(name) + 2:end if end >= 0 else len(lines)], path)
+    return found
 
 
 # -- finding the group ---------------------------------------------------------------------------------------------
@@ -139,39 +155,72 @@ class _Files:
     inactive_file: tuple[str, ...]  # first present wins: v1's hierarchical total before the group's own
     stat_limit: str | None  # a limit kept in memory.stat
 
+    @property
+    def stat_fields(self) -> tuple[str, ...]:
+        return self.inactive_file + ((self.stat_limit,) if self.stat_limit else ())
+
 
 V1 = _Files(V1_LIMIT_FILES, "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"), V1_STAT_LIMIT)
 V2 = _Files(V2_LIMIT_FILES, "memory.current", ("inactive_file",), None)
 
 
-def _read_number(root: str, path: str, parse: Callable[[str, str], int | None]) -> int | None:
-    text = read_text(root, path)
+@dataclass(frozen=True)
+class _LevelPaths:
+    """The files of one level, joined once per layout rather than on every reading."""
+
+    stat: str
+    limits: tuple[str, ...]
+    usage: str
+
+
+def _level_paths(files: _Files, directory: str) -> _LevelPaths:
+    return _LevelPaths(os.path.join(directory, "memory.stat"),
+                       tuple(os.path.join(directory, name) for name in files.limits),
+                       os.path.join(directory, files.usage))
+
+
+def _read_number(source: KernelFiles, path: str, parse: Callable[[str, str], int | None]) -> int | None:
+    text = source.read(path)
     return None if text is None else parse(text, path)
 
 
-def _read_level(root: str, files: _Files, directory: str) -> GroupLevel:
+def _read_level(source: KernelFiles, files: _Files, paths: _LevelPaths) -> GroupLevel:
     """The raw numbers of one level."""
-    stat_path = os.path.join(directory, "memory.stat")
-    stat_text = read_text(root, stat_path)
-    stats = {} if stat_text is None else parse_memory_stat(stat_text, stat_path)
-    limits = [(_read_number(root, path, parse_limit), path)
-              for path in (os.path.join(directory, name) for name in files.limits)]
+    stat_text = source.read(paths.stat)
+    stats = {} if stat_text is None else parse_stat_fields(stat_text, paths.stat, files.stat_fields)
+    limits = [(_read_number(source, path, parse_limit), path) for path in paths.limits]
     if files.stat_limit is not None:
-        limits.append((stats.get(files.stat_limit), stat_path))
-    usage = _read_number(root, os.path.join(directory, files.usage), parse_bytes)
+        limits.append((stats.get(files.stat_limit), paths.stat))
+    usage = _read_number(source, paths.usage, parse_bytes)
     inactive = next((stats[name] for name in files.inactive_file if name in stats), 0)
     return GroupLevel(tuple(limits), usage, inactive)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """What ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` say, read once per measurement."""
+    """What ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` say, and the texts it was made from: a reading
+    whose texts are the same keeps the layout (and where its groups are) instead of parsing and locating again."""
 
     entries: list[CgroupEntry]
     mounts: list[Mount]
+    texts: tuple[str | None, str | None] = (None, None)
 
     def locate(self, version: int) -> Location | None:
-        return locate(self.entries, self.mounts, version)
+        return self.located[version]
+
+    @cached_property
+    def located(self) -> dict[int, Location | None]:
+        return {version: locate(self.entries, self.mounts, version) for version in (1, 2)}
+
+    @cached_property
+    def level_paths(self) -> dict[int, list[_LevelPaths]]:
+        """The files of each level of each readable group, from the group up."""
+        paths = {}
+        for version, files in ((1, V1), (2, V2)):
+            found = self.located[version]
+            if found is not None and not found.problem:
+                paths[version] = [_level_paths(files, level) for level in _levels(found.directory, found.mount_point)]
+        return paths
 
     @property
     def v2_directory(self) -> str | None:
@@ -181,17 +230,20 @@ class Layout:
         return None if found is None or found.problem else found.directory
 
 
-def read_layout(root: str | None = None) -> Layout:
-    root = resolve(root)
-    return Layout(read_self_cgroup(root), read_mountinfo(root))
+def read_layout(source: KernelFiles, known: Layout | None = None) -> Layout:
+    """The layout now; ``known`` itself where both files read as they did when it was made."""
+    mountinfo = source.read_if_changed("/proc/self/mountinfo", known.texts[1] if known else None)
+    texts = source.read("/proc/self/cgroup"), mountinfo
+    if known is not None and known.texts == texts:
+        return known
+    cgroup_text, mounts_text = texts
+    entries = [] if cgroup_text is None else parse_self_cgroup(cgroup_text)
+    return Layout(entries, [] if mounts_text is None else parse_mountinfo(mounts_text), texts)
 
 
-def read_cgroup_memory(physical: int, root: str | None = None,
-                       layout: Layout | None = None) -> CgroupMemory | str | None:
+def read_cgroup_memory(physical: int, source: KernelFiles, layout: Layout) -> CgroupMemory | str | None:
     """The memory cgroup of this process; None where there is none to read (bare host, no controller on any level);
     a sentence saying why where there is one but it must not be read (outside our namespace)."""
-    root = resolve(root)
-    layout = layout or read_layout(root)
     problem = None
     for version, files in ((1, V1), (2, V2)):
         found = layout.locate(version)
@@ -200,8 +252,7 @@ def read_cgroup_memory(physical: int, root: str | None = None,
         if found.problem:
             problem = problem or found.problem
             continue
-        levels = [_read_level(root, files, level) for level in _levels(found.directory, found.mount_point)]
-        group = combine_levels(levels, physical)
+        group = combine_levels([_read_level(source, files, paths) for paths in layout.level_paths[version]], physical)
         if group is not None:
             return CgroupMemory(version, found.entry.path, found.directory, group.limit, group.limit_file,
                                 group.working_set, group.free, found.guessed)

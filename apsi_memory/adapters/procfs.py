@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import CorruptFileError
+from .files import KernelFiles
 from .root import read_text, resolve
 
 
@@ -17,19 +18,21 @@ class MemInfo:
     swap_free: int
 
 
+_MEMINFO_FIELDS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapTotal", "SwapFree")
+
+
 def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
-    fields: dict[str, int] = {}
-    for line in text.splitlines():
-        name, sep, rest = line.partition(":")
-        words = rest.split()
-        if not sep or not words:
-            continue
-        try:
-            value = int(words[0])
-        except ValueError:
-            raise CorruptFileError(path, f"field {name.strip()!r} has a non-numeric value {words[0]!r}") from None
-        unit = words[1] if len(words) > 1 else ""
-        fields[name.strip()] = value * 1024 if unit == "kB" else value
+    """The fields this library uses, found where the kernel writes them (``Name:`` at the start of a line); where
+    one is not found so (an old kernel, odd spacing) every line is looked at."""
+    lines, rests = "\n" + text, {}
+    for name in _MEMINFO_FIELDS:
+        start = lines.rfind(f"\n{name}:")
+        if start < 0:
+            rests = _meminfo_rests(text)
+            break
+        end = lines.find("\n", start + 1)
+        rests[name] = lines[start + len(name) + 2:end if end >= 0 else len(lines)]
+    fields = {name: value for name, rest in rests.items() if (value := _meminfo_value(name, rest, path)) is not None}
     if "MemTotal" not in fields:
         raise CorruptFileError(path, "no MemTotal line")
     total = fields["MemTotal"]
@@ -39,8 +42,30 @@ def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
     return MemInfo(total, available, fields.get("SwapTotal", 0), fields.get("SwapFree", 0))
 
 
-def read_meminfo(root: str | None = None) -> MemInfo | None:
-    text = read_text(resolve(root), "/proc/meminfo")
+def _meminfo_rests(text: str) -> dict[str, str]:
+    """What follows the colon on each line of a field this library uses (the last line of a name wins)."""
+    rests = {}
+    for line in text.splitlines():
+        name, sep, rest = line.partition(":")
+        if sep and name.strip() in _MEMINFO_FIELDS:
+            rests[name.strip()] = rest
+    return rests
+
+
+def _meminfo_value(name: str, rest: str, path: str) -> int | None:
+    """``   8000 kB`` in bytes; None for nothing after the colon (the field counts as absent)."""
+    words = rest.split()
+    if not words:
+        return None
+    try:
+        value = int(words[0])
+    except ValueError:
+        raise CorruptFileError(path, f"field {name!r} has a non-numeric value {words[0]!r}") from None
+    return value * 1024 if len(words) > 1 and words[1] == "kB" else value
+
+
+def read_meminfo(files: KernelFiles) -> MemInfo | None:
+    text = files.read("/proc/meminfo")
     return None if text is None else parse_meminfo(text)
 
 
@@ -64,11 +89,6 @@ def parse_self_cgroup(text: str, path: str = "/proc/self/cgroup") -> list[Cgroup
         controllers = tuple(c for c in parts[1].split(",") if c)
         entries.append(CgroupEntry(int(parts[0]), controllers, parts[2]))
     return entries
-
-
-def read_self_cgroup(root: str | None = None) -> list[CgroupEntry]:
-    text = read_text(resolve(root), "/proc/self/cgroup")
-    return [] if text is None else parse_self_cgroup(text)
 
 
 @dataclass(frozen=True)
@@ -103,11 +123,6 @@ def parse_mountinfo(text: str, path: str = "/proc/self/mountinfo") -> list[Mount
         options = tuple(tail[2].split(",")) if len(tail) > 2 else ()
         mounts.append(Mount(_unescape(head[3]), _unescape(head[4]), tail[0], options))
     return mounts
-
-
-def read_mountinfo(root: str | None = None) -> list[Mount]:
-    text = read_text(resolve(root), "/proc/self/mountinfo")
-    return [] if text is None else parse_mountinfo(text)
 
 
 def parse_loadavg(text: str, path: str = "/proc/loadavg") -> float:

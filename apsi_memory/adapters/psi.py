@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import CorruptFileError
-from .cgroup import Layout, read_layout
-from .root import read_text, resolve
+from .cgroup import Layout
+from .files import KernelFiles
 
 SYSTEM_PSI = "/proc/pressure/memory"
 
@@ -42,13 +42,12 @@ def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
     return Psi(shares["some"], shares.get("full"), path)
 
 
-def read_psi(root: str | None = None, layout: Layout | None = None) -> Psi | None:
+def read_psi(source: KernelFiles, layout: Layout) -> Psi | None:
     """The group's PSI, else the machine's; None where neither can be read. A file that reads but does not parse
     raises ``CorruptFileError`` (``read_memory`` keeps it as the reason stalls are not available)."""
-    root = resolve(root)
-    group = (layout or read_layout(root)).v2_directory
+    group = layout.v2_directory
     for path in ([os.path.join(group, "memory.pressure")] if group else []) + [SYSTEM_PSI]:
-        text = read_text(root, path)
+        text = source.read(path)
         if text is not None:
             return parse_psi(text, path)
     return None
