@@ -38,14 +38,25 @@ class Machine:
     """One machine as the library sees it (see the module docstring)."""
 
     def __init__(self, root: str | None = None, clock: Clock | None = None) -> None:
-        self.root = resolve(root)
         self.clock: Clock = clock or SystemClock()
-        self.reader = MemoryReader(self.root)  # its kernel files stay open until the machine is collected
+        self.reader = MemoryReader(root)  # its kernel files stay open until the machine is collected
         self.ledger = Ledger()
         self.components = Components()
         # The tracker holds the reader, not the machine: no cycle, so a dropped machine closes its files at once.
         self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify)
         self.budget_set: int | None = None  # set by budget(); None: the default
+
+    @property
+    def root(self) -> str:
+        """The folder that stands for ``/``. Setting it points the machine elsewhere from the next reading on
+        (its kept-open kernel files are closed, and those under the new root opened as they are read)."""
+        return self.reader.root
+
+    @root.setter
+    def root(self, root: str) -> None:
+        old, self.reader = self.reader, MemoryReader(root)
+        self.tracker.measure = partial(_measure_level, self.reader)
+        old.close()
 
     def __repr__(self) -> str:
         return f"<Machine root={self.root!r} level {self.tracker.level}>"

@@ -70,7 +70,8 @@ class MemoryReader:
             return _reading(self.files, layout)
 
     def close(self) -> None:
-        self.files.close()
+        with self._lock:  # not under a reading another thread is taking
+            self.files.close()
 
 
 def read_memory(root: str | None = None) -> MemoryReading:

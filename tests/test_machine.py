@@ -124,3 +124,14 @@ def test_the_system_clock_waits_in_real_time_and_a_set_stop_ends_it_at_once() ->
 def test_autojump_moves_the_clock_to_the_deadline_at_once() -> None:
     clock = FakeClock(autojump=True)
     assert clock.wait(30) is False and clock.now() == 1030.0
+
+
+def test_a_machine_pointed_at_another_root_reads_there_from_the_next_reading(tmp_path: Path) -> None:
+    """What dask's workers do in test_dask: the process's machine re-pointed at a sim tree. Its kept-open kernel
+    files (adapters.files) must follow the new root, not keep reading the old one."""
+    small, big = docker_v1(tmp_path / "small", limit=1 * GiB), docker_v1(tmp_path / "big", limit=3 * GiB)
+    m = Machine(str(small))
+    assert m.limits().usable_bytes == 1 * GiB
+    m.root = str(big)
+    assert m.root == str(big) and m.limits().usable_bytes == 3 * GiB and m.memory().usable == 3 * GiB
+    assert m.current_level() is Level.OK
