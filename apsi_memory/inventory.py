@@ -23,7 +23,7 @@ from .errors import ArgumentError, CorruptFileError, UnsafePathError
 from .store import Store, resolve_folder
 from .units import fmt_mb
 
-STORE_INDEX = "index"  # the journal every store folder has (store.py's theory of operation)
+STORE_INDEX = "index"  # the journal every store folder has (the theory of operation in ``store/__init__.py``)
 UNLIMITED = 1 << 62  # a disk limit no store reaches: opening a store to count it must never evict
 
 
