@@ -15,7 +15,7 @@ import struct
 import threading
 from functools import cache, lru_cache
 
-from ._once import once
+from ._once import fork_hooks
 from .errors import CorruptFileError, DiskFullError
 from .fileio import is_disk_full, open_new
 from .paths import key_path, private_dir
@@ -34,9 +34,7 @@ def _fresh_lock_in_child() -> None:
     _cache_lock = threading.Lock()
 
 
-@once
-def _register_fork_hook() -> None:
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+_register_fork_hook = fork_hooks(after_in_child=_fresh_lock_in_child)
 
 
 def user_key() -> bytes:

@@ -87,7 +87,7 @@ def _parse_npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...]]:
     stream = io.BytesIO(header)
     version = npformat.read_magic(stream)
     read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-    shape, fortran, dtype = read(stream)
+    shape, fortran, dtype = read(stream, max_header_size=len(header))  # signed by us: any size is ours
     if fortran or dtype.hasobject:
         raise _Tampered("not a C-order plain-data array")
     return dtype, shape

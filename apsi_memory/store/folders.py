@@ -7,7 +7,7 @@ import errno
 import os
 import threading
 
-from .._once import once
+from .._once import fork_hooks
 from ..errors import ArgumentError, UnsafePathError
 from ..paths import display, store_dir
 
@@ -62,6 +62,4 @@ def _fresh_lock_in_child() -> None:
     _allowed_lock = threading.Lock()
 
 
-@once
-def _register_fork_hook() -> None:
-    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+_register_fork_hook = fork_hooks(after_in_child=_fresh_lock_in_child)

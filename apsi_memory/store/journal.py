@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import accumulate
 
-from .._once import once
+from .._once import fork_hooks
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
 from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
 from ..paths import display
@@ -328,6 +328,4 @@ def _after_fork_in_child() -> None:
         journal.after_fork()
 
 
-@once
-def _register_fork_hook() -> None:
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_register_fork_hook = fork_hooks(after_in_child=_after_fork_in_child)

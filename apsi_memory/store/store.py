@@ -2,19 +2,16 @@
 for the theory of operation)."""
 from __future__ import annotations
 
-import errno
 import os
 import pickle
 import shutil
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import reactions
-from .._once import once
 from ..api import current_level
 from ..decide import Level, ram_tier_limit
 from ..errors import (
@@ -26,13 +23,14 @@ from ..errors import (
     TamperWarning,
     UnloadableWarning,
 )
-from ..fileio import unlink_quietly, write_new
+from ..fileio import write_new
 from ..signing import user_key
 from ..trust import open_folder
 from ..units import MiB, fmt_mb
-from .codec import OldFormat, Unloadable, _Held, _Tampered, decode, load_mapped, seal_for, to_blob
+from . import datafiles, forks
+from .codec import OldFormat, Unloadable, _Held, _Tampered, decode, seal_for, to_blob
 from .journal import _Journal, disk_full
-from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, is_data_name, new_stem
+from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
 from .tiers import _Index, _RamTier
 
@@ -43,16 +41,11 @@ TOUCH_BATCH = 512
 INLINE_MAX_BYTES = 16 * 1024
 # The journal is rewritten without its dead bytes once they exceed the live inline values and this much.
 COMPACT_MIN_BYTES = 4 * MiB
-# Files no record points to (a writer killed mid-set) are removed at compaction once this old; younger ones may
-# belong to a set in progress in another process.
-ORPHAN_AGE_S = 60.0
 
 
 # -- the store -----------------------------------------------------------------------------------------------------
 
 _MISSING = object()
-# A fork waits this long for a store another thread is using (so the child gets it in a consistent state).
-FORK_WAIT_S = 10.0
 
 
 def _close_files(journal: _Journal, fds: tuple[int, ...], wait: bool) -> None:
@@ -93,8 +86,7 @@ class Store:
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
         self._closer = weakref.finalize(self, _close_files, self._journal, (self._data_fd, self._dir_fd), False)
-        _register_fork_hooks()
-        _open_stores.add(self)
+        forks.track(self)
         with self._lock, self._journal.locked():
             self._catch_up()
             self._compact_if_due()
@@ -139,20 +131,7 @@ class Store:
     def _load(self, key: bytes, entry: Entry) -> tuple[Any, _Held]:
         if entry.inline:
             return decode(self._seal, key, os.pread(self._journal.fd, entry.size, entry.offset), entry)
-        try:
-            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._data_fd)
-        except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise _Tampered("a symbolic link in place of the file") from err
-            raise
-        try:
-            if entry.kind == KIND_NPY_MAP:
-                return load_mapped(self._seal, key, fd, entry)
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                content = f.read()
-        finally:
-            os.close(fd)
-        return decode(self._seal, key, content, entry)
+        return datafiles.load(self._seal, key, entry, self._data_fd)
 
     def _where(self, entry: Entry) -> str:
         return self._journal.path if entry.inline else os.path.join(self._data, entry.name)
@@ -244,7 +223,7 @@ class Store:
                 value_at = self._append(records)[-1]
             except BaseException:
                 if not inline:
-                    unlink_quietly(entry.name, self._data_fd)
+                    self._unlink([entry])
                 raise
             if inline:
                 entry = Entry(entry.name, entry.kind, entry.size, value_at)
@@ -283,10 +262,7 @@ class Store:
         return [entry for _, entry in victims]
 
     def _unlink(self, entries: list[Entry]) -> None:
-        """Remove the files of entries no record points to any more (inline ones go at the next compaction)."""
-        for entry in entries:
-            if not entry.inline:
-                unlink_quietly(entry.name, self._data_fd)
+        datafiles.unlink(entries, self._data_fd)
 
     def __setitem__(self, key: Key, value: Any) -> None:
         self.set(key, value)
@@ -388,22 +364,7 @@ class Store:
         except OSError:
             return  # the same, had the disk filled up meanwhile
         self._catch_up()
-        self._sweep_orphans()
-
-    def _sweep_orphans(self) -> None:
-        """Files under ``data/`` that no record names, once old enough not to be a set in progress. Only names a
-        writer makes are touched, and one another process removes meanwhile is simply gone."""
-        live = {entry.name for entry in self._index.entries.values()}
-        old_before = time.time() - ORPHAN_AGE_S
-        with os.scandir(self._data_fd) as files:
-            for f in files:
-                if f.name in live or not is_data_name(f.name):
-                    continue
-                try:
-                    if f.stat(follow_symlinks=False).st_mtime < old_before:
-                        unlink_quietly(f.name, self._data_fd)
-                except FileNotFoundError:
-                    pass
+        datafiles.sweep_orphans({entry.name for entry in self._index.entries.values()}, self._data_fd)
 
     def flush(self) -> None:
         """Write remembered reads to the journal now (otherwise done with the next write or at exit)."""
@@ -460,34 +421,3 @@ class Store:
                     f"{len(self._index.entries)} on SSD ({fmt_mb(self._index.total)})>")
 
     __repr__ = __str__
-
-
-# -- fork ----------------------------------------------------------------------------------------------------------
-
-_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
-
-
-def _before_fork() -> None:
-    """Take every store's lock, so a child never starts with one copied taken by a thread that does not exist
-    there (it would hang on its first use). Bounded: a store busy past ``FORK_WAIT_S`` gets a fresh lock."""
-    for s in sorted(_open_stores, key=id):
-        s._fork_held = s._lock.acquire(timeout=FORK_WAIT_S)
-
-
-def _after_fork_in_parent() -> None:
-    for s in list(_open_stores):
-        if s._fork_held:
-            s._fork_held = False
-            s._lock.release()
-
-
-def _after_fork_in_child() -> None:
-    for s in list(_open_stores):
-        s._fork_held = False
-        s._lock = threading.RLock()
-
-
-@once
-def _register_fork_hooks() -> None:
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
