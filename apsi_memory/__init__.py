@@ -18,9 +18,11 @@ Theory of operation
   at ``critical``, grow back at ``ok``) and give RAM back on ``relieve``.
 * ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
   (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` (streaming larger than RAM, on ``blocks``, ``pages``,
-  ``sources``, ``progress``), ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache),
-  ``devices`` + ``batch`` (GPUs and ``fit_batch``) build on them; ``_libc`` holds the C library calls. Every
-  public name is re-exported here explicitly.
+  ``sources``, ``progress``), the ``store`` package (``store/__init__.py``, ``store/store.py``, ``journal``,
+  ``records``, ``tiers``, ``codec``, ...) + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache),
+  ``devices`` + ``batch`` (GPUs and ``fit_batch``) build on them; ``_libc`` holds the C library calls,
+  ``fileio`` the way new files are written. Importing does no work: fork hooks, ``atexit`` and reclaiming dead
+  spill files come with first use. Every public name is re-exported here explicitly.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from .watch import Watcher, on_pressure, relieve
 from .chunks import chunks
 from .mapping import map, to_dask
 
-# -- store and cached (store.py, cached.py) --
+# -- store and cached (store/__init__.py, store/folders.py, cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
 from .cached import cached
 from .store import Store, allow_write, store
