@@ -84,10 +84,16 @@ def unlink_quietly(name: str, dir_fd: int | None = None) -> None:
         pass
 
 
-@lru_cache(maxsize=1024)
 def npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
     """The ``.npy`` header (C order) of an array: format 1.0, or 2.0 for a header over 64 KiB (a dtype with very
-    many fields), as ``numpy.save`` writes it. Cached on the dtype: ``descr`` is a list for structured ones."""
+    many fields), as ``numpy.save`` writes it."""
+    # Plain ints: a NumPy integer is equal to one (the same cache entry) but would be written as ``np.int64(4)``.
+    return _npy_header(dtype, tuple(map(int, shape)))
+
+
+@lru_cache(maxsize=1024)
+def _npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
+    """Cached on the dtype: ``descr`` is a list for structured ones."""
     info = {"descr": npformat.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
     out = io.BytesIO()
     try:
