@@ -20,10 +20,12 @@ Theory of operation
   another (``sim.machine(tree)`` in tests). ``measure`` + ``readings`` make its readings.
 * ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
   (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` (streaming larger than RAM, on ``blocks``, ``pages``,
-  ``sources``, ``progress``), ``store`` + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache),
-  ``devices`` + ``batch`` (GPUs and ``fit_batch``) build on the machine; ``_libc`` holds the C library calls.
-  ``api`` and ``status`` are the readings of ``machine()``; ``cli`` prints them. Every public name is re-exported
-  here explicitly. README "Layout" draws the layers.
+  ``sources``, ``progress``), the ``store`` package (``store/__init__.py``, ``store/store.py``, ``journal``,
+  ``records``, ``tiers``, ``codec``, ...) + ``cached`` + ``signing`` + ``hashing`` (the two-tier cache),
+  ``devices`` + ``batch`` (GPUs and ``fit_batch``) build on the machine; ``_libc`` holds the C library calls,
+  ``fileio`` the way new files are written. Importing does no work: fork hooks, ``atexit`` and reclaiming dead
+  spill files come with first use. ``api`` and ``status`` are the readings of ``machine()``; ``cli`` prints them.
+  Every public name is re-exported here explicitly. README "Layout" draws the layers.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from .watch import Watcher, on_pressure, relieve
 from .chunks import chunks
 from .mapping import map, to_dask
 
-# -- store, allow_write (store.py) and cached (cached.py) --
+# -- store and cached (store/__init__.py, store/folders.py, cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
 from .cached import cached
 from .store import Store, allow_write, store

@@ -6,8 +6,8 @@ recognises, a store is only a real folder (not a link) holding a store ``index``
 user's spill files whose owner process is dead (the rule ``spill.reclaim`` applies) or clears one named store
 through the store's own API, under its lock.
 
-Note that importing the library already reclaims this user's dead spill files in the configured folder, so
-``spill`` mostly shows live owners' files and other users' files, which are never touched.
+Note that a process's first spill reclaims this user's dead spill files in its folder, so ``spill`` mostly shows
+live owners' files, files of processes killed since, and other users' files, which are never touched.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .errors import ArgumentError, CorruptFileError, UnsafePathError
 from .store import Store, resolve_folder
 from .units import fmt_mb
 
-STORE_INDEX = "index"  # the journal every store folder has (store.py's theory of operation)
+STORE_INDEX = "index"  # the journal every store folder has (the theory of operation in ``store/__init__.py``)
 UNLIMITED = 1 << 62  # a disk limit no store reaches: opening a store to count it must never evict
 
 

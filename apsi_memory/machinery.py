@@ -22,7 +22,6 @@ from functools import partial
 
 from .adapters.clock import Clock, SystemClock
 from .adapters.procfs import ProcStatus, read_proc_status
-from .adapters.root import resolve
 from .decide import Level, default_budget
 from .errors import BudgetWarning, SizeError
 from .ledger import Ledger

@@ -5,9 +5,9 @@ A spill file is a ``.npy`` file (header + raw data, so ``numpy.load`` can read o
 the owner's process id and its start time (clock ticks since boot, from ``/proc/<pid>/stat``), so a recycled pid
 is not mistaken for the owner.
 
-Lifetime: deleted when the array is freed, when it is garbage-collected, and at exit (``atexit``). A process that
-was SIGKILLed runs none of that; the next process reclaims its files when it first uses the folder (at import for
-the configured folder, and on the first spill into any other), deleting only files whose owner is dead.
+Lifetime: deleted when the array is freed, when it is garbage-collected, and at exit (``atexit``, registered with
+the first spill). A process that was SIGKILLed runs none of that; the next process to spill into the folder
+reclaims its files then (importing the library does nothing), deleting only files whose owner is dead.
 
 Space: the whole file is reserved with ``posix_fallocate`` before it is mapped. A sparse file would fail later,
 on the first write to a page the full disk cannot hold, with SIGBUS — a crash; reserving up front turns a full disk
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import errno
 import math
 import mmap
@@ -31,16 +30,18 @@ import os
 import re
 import secrets
 import stat
-import sys
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from . import paths
+from . import _libc, paths
+from ._once import once
+from .adapters import procfs
 from .adapters.disk import disk_free
-from .errors import DiskFullError, SystemCallError
+from .adapters.root import resolve
+from .errors import DiskFullError
+from .fileio import new_file, npy_header, write_all
 from .units import GiB, fmt_gb, fmt_mb
 
 _NAME = re.compile(r"apsi-(\d+)-(\d+)-[0-9a-f]+\.npy")
@@ -65,19 +66,14 @@ def fits(needed_bytes: int, free_bytes: int) -> bool:
 # -- processes (thin OS access) ----------------------------------------------------------------------------------
 
 def process_start(pid: int) -> str | None:
-    """The process's start time as the kernel counts it, or ``None`` when no such process runs.
+    """The process's start time as the kernel counts it (``/proc/<pid>/stat`` under the adapters' root), or
+    ``None`` when no such process runs.
 
-    Where there is no ``/proc`` (macOS) only the pid can be checked: a live pid gives ``"0"``."""
-    if not os.path.isdir("/proc/self"):
+    Where the root shows no processes (macOS, a fake machine's tree) only the pid can be checked: a live pid
+    gives ``"0"``."""
+    if procfs.read_start_time(os.getpid()) is None:
         return _start_without_proc(pid)
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count fields after its closing one.
-    fields = stat.rpartition(")")[2].split()
-    return fields[19]  # field 22, starttime
+    return procfs.read_start_time(pid)
 
 
 def _start_without_proc(pid: int) -> str | None:
@@ -87,18 +83,22 @@ def _start_without_proc(pid: int) -> str | None:
 
 
 def owner_alive(pid: int, start: str) -> bool:
+    """Whether the process that named a file ``(pid, start)`` still runs; a start of ``"0"`` on either side means
+    only the pid was known (no ``/proc`` where one of them looked), so the pid alone decides."""
     found = process_start(pid)
-    return found is not None and (found == start or found == "0")
+    return found is not None and (found == start or "0" in (found, start))
 
 
-_own: tuple[int, str] | None = None  # (pid, start) of this process; a fork's child has its own
+# (pid, root) -> (pid, start) of this process; a fork's child, or another root, has its own
+_own: tuple[tuple[int, str], tuple[int, str]] | None = None
 
 
 def own_owner() -> tuple[int, str]:
     global _own
-    if _own is None or _own[0] != os.getpid():
-        _own = (os.getpid(), process_start(os.getpid()) or "0")
-    return _own
+    asked = (os.getpid(), resolve(None))
+    if _own is None or _own[0] != asked:
+        _own = (asked, (os.getpid(), process_start(os.getpid()) or "0"))
+    return _own[1]
 
 
 def made_here(path: str) -> bool:
@@ -164,9 +164,10 @@ def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None
     """A zero-filled ``numpy.memmap`` backed by a new spill file with all its space reserved.
 
     Raises ``DiskFullError`` (naming the folder and its free space) when the disk cannot hold it; no file is left."""
+    _set_up()
     directory = paths.private_dir(os.path.abspath(directory or paths.spill_dir()))
     reclaim_once(directory)
-    header = _npy_header(shape, dtype)
+    header = npy_header(dtype, shape)
     total = len(header) + math.prod(shape) * dtype.itemsize
     free = free_bytes(directory)
     if not fits(total, free):
@@ -181,46 +182,20 @@ def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None
         return np.memmap(f, dtype=dtype, mode="r+", offset=len(header), shape=shape)
 
 
-def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    from io import BytesIO
-
-    info = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-    out = BytesIO()
-    try:
-        np.lib.format.write_array_header_1_0(out, info)
-    except ValueError:  # a header over 64 KiB (a dtype with very many fields) needs format 2.0
-        out = BytesIO()
-        np.lib.format.write_array_header_2_0(out, info)
-    return out.getvalue()
-
-
 def _write_reserved(path: str, header: bytes, total: int, directory: str,
                     free_bytes: Callable[[str], int]) -> int:
     """The new file, reserved and with its header, still open."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
+    with new_file(path, lambda: _disk_full(directory, total, free_bytes(directory)), flags=os.O_RDWR) as fd:
         _reserve(fd, total)
-        os.write(fd, header)
-    except OSError as exc:
-        os.close(fd)
-        os.unlink(path)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_full(directory, total, free_bytes(directory)) from exc
-        raise
+        write_all(fd, header)
     return fd
 
 
 def _reserve(fd: int, total: int) -> None:
     """Reserve the blocks; where that is impossible (macOS, a filesystem without it) only extend the file — a
     write to it can then still fail later on a full disk."""
-    if hasattr(os, "posix_fallocate"):
-        try:
-            os.posix_fallocate(fd, 0, total)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-    os.ftruncate(fd, total)
+    if not _libc.posix_fallocate(fd, 0, total):
+        os.ftruncate(fd, total)
 
 
 def _size(n_bytes: int) -> str:
@@ -274,10 +249,6 @@ def _fresh_locks_in_child() -> None:
     _live_lock, _reclaim_lock = threading.Lock(), threading.Lock()
 
 
-os.register_at_fork(after_in_child=_fresh_locks_in_child)
-
-
-@atexit.register
 def _delete_all_at_exit() -> None:
     with _live_lock:
         left = list(_live)
@@ -285,61 +256,26 @@ def _delete_all_at_exit() -> None:
         delete(path)
 
 
+@once
+def _set_up() -> None:
+    """With the first spill of the process: the fork hook and the at-exit cleanup (never at import)."""
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+    atexit.register(_delete_all_at_exit)
+
+
 # -- pages: replacing a mapping in place, counting what is resident ----------------------------------------------
-
-_MAP_FIXED = 0x10  # the same value on every Linux architecture
-
-
-def _libc_function(name: str, restype: Any, *argtypes: Any) -> Any:
-    """A C library function, or ``None`` off Linux (the flags and semantics used here are Linux's)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (OSError, AttributeError):
-        return None
-    function.restype = restype
-    function.argtypes = list(argtypes)
-    return function
-
-
-_libc_mmap = _libc_function("mmap", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                            ctypes.c_int, ctypes.c_int, ctypes.c_long)
-_libc_mincore = _libc_function("mincore", ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-
 
 def resident(address: int, length: int) -> int:
     """Bytes of the page-aligned range that are in memory; 0 where that cannot be asked (so the caller assumes
     nothing was written, the safe side)."""
-    if _libc_mincore is None or length <= 0:
-        return 0
-    pages = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
-    if _libc_mincore(address, length, pages.ctypes.data) != 0:
-        return 0
-    return int(np.count_nonzero(pages & 1)) * mmap.PAGESIZE
+    states = _libc.mincore(address, length)
+    return 0 if states is None else int(np.count_nonzero(states)) * mmap.PAGESIZE
 
 
 def detach(address: int, length: int) -> bool:
     """Replace the pages at ``[address, address + length)`` with fresh anonymous zero pages, atomically.
 
     What was there (a file mapping, or RAM) is released at once; pointers into the range stay valid. ``False``
-    where this cannot be done (not Linux): the caller then only drops its own reference."""
-    if _libc_mmap is None or length <= 0:
-        return False
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED
-    result = _libc_mmap(address, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
-    if result != address:
-        error = ctypes.get_errno()
-        raise SystemCallError(error, f"could not release {length} bytes at {address:#x}: {os.strerror(error)}")
-    return True
-
-
-def reclaim_at_import() -> None:
-    """Reclaim the configured folder when the library is imported, if it exists (never creates it)."""
-    directory = os.path.abspath(paths.spill_dir())
-    if os.path.isdir(directory):
-        with contextlib.suppress(OSError):
-            reclaim_once(directory)
-
-
-reclaim_at_import()
+    where this cannot be done (not Linux): the caller then only drops its own reference. A failure raises
+    ``SystemCallError`` (an ``OSError``) naming the range."""
+    return _libc.map_anonymous_fixed(address, length)

@@ -19,26 +19,16 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # pure rules: no I/O, import nothing of ours but each other
     "decisions": ("decide", "units", "errors", "hashing", "blocks", "_version"),
     # the OS: kernel files, time, folders, files, libc
-    "adapters": ("adapters", "_libc", "paths", "trust", "signing", "spill", "pages", "sources"),
+    "adapters": ("adapters", "_libc", "_once", "fileio", "paths", "trust", "signing", "spill", "pages", "sources"),
     # the Machine and what it keeps: root, clock, budget, ledger, level tracker, components, readings
     "machine": ("ledger", "levels", "measure", "readings", "machinery", "reactions"),
     # what users call, built on machine()
-    "features": ("arrays", "pool", "watch", "store", "journal", "records", "tiers", "blobs", "cached", "chunks",
+    "features": ("arrays", "pool", "watch", "store", "cached", "chunks",
                  "rowblocks", "mapping", "progress", "devices", "batch", "dask", "inventory"),
     # the public face: module-level readings, status(), the command line, the package itself
     "api": ("api", "status", "cli", "cli_files", "__init__", "__main__"),
 }
 
-# Imports of a higher layer that remain in modules this step did not change (issue 11: store.py and mapping.py
-# are being split meanwhile); each should go to ``machinery.machine()``, then leave this list.
-PENDING: set[tuple[str, str]] = {
-    ("store", "api"),  # from .api import current_level -> machine().current_level
-}
-
-
-# Cycles that remain in modules this step did not change (none now: mapping imports the dask extra lazily, and
-# both run their blocks with rowblocks' row-order driver, below both).
-PENDING_CYCLES: set[tuple[str, ...]] = set()
 
 
 def modules() -> dict[str, Path]:
@@ -109,8 +99,7 @@ def test_every_module_has_a_layer() -> None:
 def test_no_module_imports_a_higher_layer() -> None:
     upward = {(module, target) for module, targets in graph().items() for target in targets
               if layer_of(target) > layer_of(module)}
-    assert upward - PENDING == set(), "a lower layer imports a higher one"
-    assert PENDING - upward == set(), "fixed: remove it from PENDING"
+    assert upward == set(), "a lower layer imports a higher one"
 
 
 def cycles(edges: dict[str, set[str]]) -> set[tuple[str, ...]]:
@@ -134,9 +123,7 @@ def cycles(edges: dict[str, set[str]]) -> set[tuple[str, ...]]:
 
 
 def test_the_import_graph_has_no_cycle() -> None:
-    found = cycles(graph())
-    assert found - PENDING_CYCLES == set(), "import cycle"
-    assert PENDING_CYCLES - found == set(), "fixed: remove it from PENDING_CYCLES"
+    assert cycles(graph()) == set(), "import cycle"
 
 
 def test_a_cycle_through_a_lazy_import_is_found() -> None:

@@ -94,3 +94,9 @@ def test_v1_unlimited_is_no_limit_whatever_the_page_size(page_size: int) -> None
     assert effective_limit(4 << 30, physical=64 << 30) == 4 << 30
     assert effective_limit(64 << 30, physical=64 << 30) is None  # at physical RAM: no real limit
 
+
+
+def test_a_process_start_time_is_field_22_counted_after_the_command_name() -> None:
+    fields = " ".join(str(n) for n in range(3, 53))  # fields 3..52; field 22 holds "22"
+    assert procfs.parse_stat_start_time(f"4242 (a (weird) name) {fields}\n") == "22"
+    assert procfs.parse_stat_start_time("4242 (cut) S 1 2") is None

@@ -85,7 +85,7 @@ def test_files_of_dead_owners_are_reclaimed_and_only_those(folder, tmp_path):
     assert sorted(os.listdir(folder)) == sorted([names["alive"], names["not ours"]])
 
 
-def test_a_sigkilled_process_leaves_its_file_and_the_next_process_reclaims_it(folder):
+def test_a_sigkilled_process_leaves_its_file_and_the_next_process_to_spill_reclaims_it(folder):
     killed = run_python("""
         import os, signal, apsi_memory as memory
         x = memory.array((2, 1 << 20))
@@ -96,7 +96,10 @@ def test_a_sigkilled_process_leaves_its_file_and_the_next_process_reclaims_it(fo
     assert killed.returncode == -signal.SIGKILL
     left = killed.stdout.strip()
     assert os.path.exists(left)
-    nxt = run_python("import apsi_memory", folder)
+    imported = run_python("import apsi_memory", folder)
+    assert imported.returncode == 0, imported.stderr
+    assert os.path.exists(left), "importing the library must not delete files (reclaiming waits for a spill)"
+    nxt = run_python("import apsi_memory as memory; memory.array((2, 1 << 20))", folder, APSI_RAM_BUDGET="0")
     assert nxt.returncode == 0, nxt.stderr
     assert not os.path.exists(left)
 
@@ -155,3 +158,25 @@ def test_other_users_files_are_never_reclaimed(folder):
     open(theirs, "w").close()
     os.chown(theirs, 12345, 12345)
     assert spill.reclaim(folder) == [] and os.path.exists(theirs)
+
+
+def test_a_file_named_without_a_start_time_is_kept_while_its_pid_lives(folder):
+    """Where no ``/proc`` was seen (macOS, a fake machine's root) a file is named with start "0": only its pid can
+    be checked, so a live pid keeps it (test first failed: the file was reclaimed as a dead owner's)."""
+    os.makedirs(folder)
+    mine = os.path.join(folder, spill.file_name(os.getpid(), "0", "dd"))
+    theirs = os.path.join(folder, spill.file_name(dead_pid(), "0", "ee"))
+    open(mine, "w").close()
+    open(theirs, "w").close()
+    assert spill.reclaim(folder) == [theirs] and os.path.exists(mine)
+
+
+def test_owners_are_read_through_the_adapters_root(folder, tmp_path, monkeypatch):
+    """A fake machine's tree (``APSI_FS_ROOT``) shows no processes: the pid alone decides, and this process names
+    its files "0"."""
+    import sim.tree
+
+    monkeypatch.setenv("APSI_FS_ROOT", str(sim.tree.docker_v1(tmp_path / "root")))
+    assert spill.process_start(os.getpid()) == "0" and spill.process_start(dead_pid()) is None
+    x = spill.create((4,), FLOAT64)
+    assert spill.owner_of(os.path.basename(x.filename)) == (os.getpid(), "0")

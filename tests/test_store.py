@@ -149,6 +149,20 @@ def test_arrays_come_back_read_only_and_big_ones_memory_mapped():
     assert big[999_999] == 999_999
 
 
+def test_an_array_whose_npy_header_needs_format_2_round_trips():
+    """A dtype with very many fields has a header over 64 KiB: written as .npy 2.0, as spill files and
+    ``numpy.save`` do (test first failed: ``set`` raised numpy's "Header length ... too big for version=(1, 0)")."""
+    wide = np.dtype([(f"field{i}", "u1") for i in range(5000)])
+    s = memory.store("wide")
+    for key, rows in (("read", 4), ("mapped", 64)):  # 20 KB read whole, 320 KB memory-mapped
+        value = np.zeros(rows, dtype=wide)
+        value["field7"] = 7
+        s.set(key, value)
+        s.relieve()  # read back from the SSD
+        got = s.get(key)
+        assert got.dtype == wide and got.shape == (rows,) and (got["field7"] == 7).all()
+
+
 def test_changing_what_was_set_or_got_does_not_change_the_cache():
     s = memory.store("copies")
     array, record = np.zeros(4), {"list": [1]}

@@ -29,10 +29,10 @@ from apsi_memory.errors import (
     UnloadableWarning,
     UnsafePathError,
 )
-from apsi_memory.records import _FRAME, _SET, OP_DEL, OP_SET, Record, pack_record
 from apsi_memory.store import encode_key
+from apsi_memory.store.records import _FRAME, _SET, OP_DEL, OP_SET, Record, pack_record
 
-STORE = sys.modules["apsi_memory.store"]  # the module (``apsi_memory.store`` is the function)
+STORE = sys.modules["apsi_memory.store.store"]  # the module holding Store (``apsi_memory.store`` is the function)
 BIG = {"payload": "x" * 40_000}  # its own .pkl file
 SMALL = {"small": 1}  # inside the journal
 
@@ -341,7 +341,7 @@ def test_an_interrupt_after_the_record_is_committed_keeps_the_file(home, monkeyp
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
-        patched.setattr(sys.modules["apsi_memory.tiers"]._RamTier, "put", interrupted)
+        patched.setattr(sys.modules["apsi_memory.store.tiers"]._RamTier, "put", interrupted)
         s.set("k", BIG)
     assert fresh().get("k") == BIG, "the record was committed: its file must still be there"
 

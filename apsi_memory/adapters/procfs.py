@@ -1,4 +1,5 @@
-"""``/proc``: meminfo, the process's cgroups and mounts, load, and this process's RSS and CPUs."""
+"""``/proc``: meminfo, the process's cgroups and mounts, load, this process's RSS and CPUs, and when a process
+started."""
 
 from __future__ import annotations
 
@@ -177,3 +178,17 @@ def parse_proc_status(text: str, path: str = "/proc/self/status") -> ProcStatus:
 def read_proc_status(root: str | None = None) -> ProcStatus | None:
     text = read_text(resolve(root), "/proc/self/status")
     return None if text is None else parse_proc_status(text)
+
+
+def parse_stat_start_time(text: str) -> str | None:
+    """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks after boot (``None`` if the line
+    is cut short). The command name (field 2) may hold spaces and parentheses: fields are counted after its
+    closing one."""
+    fields = text.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def read_start_time(pid: int, root: str | None = None) -> str | None:
+    """When process ``pid`` started, or ``None`` when no such process runs (or the root shows no processes)."""
+    text = read_text(resolve(root), f"/proc/{pid}/stat")
+    return None if text is None else parse_stat_start_time(text)

@@ -1,6 +1,6 @@
 """The store's journal (``index``) and lock file: records, how they are parsed back, and the file operations.
 
-See ``store.py`` for the theory of operation. Every name read back from the journal is checked against the exact
+See the package docstring for the theory of operation. Every name read back from the journal is checked against the exact
 form the writer uses (16 hex digits and a known extension) before it touches a path, and every file operation
 here is relative to the store folder's file descriptor (``dir_fd``), so neither a forged record nor a folder
 swapped under a running store can make it read, write or unlink anything outside the store.
@@ -21,8 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import accumulate
 
-from .errors import CorruptFileError, DiskFullError, TamperWarning
-from .paths import display
+from .._once import fork_hooks
+from ..errors import CorruptFileError, DiskFullError, TamperWarning
+from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
+from ..paths import display
+from ..trust import open_file
+from ..units import MiB, fmt_mb
 from .records import (
     OP_LOST,
     OP_RESET,
@@ -35,8 +39,6 @@ from .records import (
     parse_records,
     record_length,
 )
-from .trust import open_file
-from .units import MiB, fmt_mb
 
 READ_CHUNK = 64 * MiB
 # In the lock file: appends so far (generation), compactions so far (epoch), and the journal's size after the last
@@ -48,55 +50,13 @@ _LOCK_BYTES = _COUNTERS.size + IDENT_BYTES
 MAGIC = b"APSISTORE1\n"
 
 
-# -- thin OS layer (every path is relative to a folder's file descriptor) --------------------------------------
-
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _TEMP = re.compile(r"index\.[0-9a-f]{12}\.tmp")
-
-
-def write_new(name: str, dir_fd: int, parts: tuple[bytes | memoryview, ...], shown: str) -> None:
-    """Write a file that must not exist yet; on any failure nothing is left behind. A full disk is a DiskFullError."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-    try:
-        for part in parts:
-            _write_all(fd, part)
-    except BaseException as err:
-        os.close(fd)
-        unlink_quietly(name, dir_fd)
-        if isinstance(err, OSError) and err.errno in _NO_SPACE:
-            raise disk_full(shown, sum(len(p) for p in parts)) from err
-        raise
-    os.close(fd)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _pwrite_all(fd: int, data: bytes, at: int, folder: str) -> None:
-    try:
-        written = os.pwrite(fd, data, at)
-    except OSError as err:
-        if err.errno in _NO_SPACE:
-            raise disk_full(folder, len(data)) from err
-        raise
-    if written != len(data):  # a short write: the disk filled up under it
-        raise disk_full(folder, len(data))
 
 
 def disk_full(folder: str, needed: int) -> DiskFullError:
     free = shutil.disk_usage(folder).free
     return DiskFullError(errno.ENOSPC, f"no space left in {display(folder)} for a {fmt_mb(needed)} store entry "
                                        f"({fmt_mb(free)} free); the store is unchanged")
-
-
-def unlink_quietly(name: str, dir_fd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 class _Journal:
@@ -113,6 +73,7 @@ class _Journal:
         self.folder = folder
         self.dir_fd = dir_fd
         self.lock_fd = self._open_lock()
+        _register_fork_hook()
         _open_journals.add(self)
         self.holding = False  # this handle holds the lock: read everything, trust no shortcut
         self.fd = -1
@@ -129,7 +90,7 @@ class _Journal:
                 # Written, not ftruncated: the block is allocated now, so a later write through the mapping can
                 # never meet a full disk (which would be a SIGBUS, not an error).
                 filler = bytes(max(0, _COUNTERS.size - size)) + os.urandom(IDENT_BYTES)
-                _pwrite_all(self.lock_fd, filler, min(size, _COUNTERS.size), folder)
+                pwrite_all(self.lock_fd, filler, min(size, _COUNTERS.size), lambda: disk_full(folder, len(filler)))
             self.ident = os.pread(self.lock_fd, IDENT_BYTES, _COUNTERS.size)
             self.counters = mmap.mmap(self.lock_fd, _COUNTERS.size)
             self._open()
@@ -176,7 +137,7 @@ class _Journal:
             return self._open()
         if not head:
             try:
-                _pwrite_all(fd, MAGIC, 0, self.folder)
+                pwrite_all(fd, MAGIC, 0, lambda: disk_full(self.folder, len(MAGIC)))
             except BaseException:
                 os.close(fd)
                 raise
@@ -254,7 +215,7 @@ class _Journal:
             written = os.write(self.fd, data)
         except OSError as err:
             os.ftruncate(self.fd, self.offset)
-            if err.errno in _NO_SPACE:
+            if is_disk_full(err):
                 raise disk_full(self.folder, len(data)) from err
             raise
         if written != len(data):  # a short write: the disk filled up under it
@@ -280,9 +241,7 @@ class _Journal:
         temp = f"index.{os.urandom(6).hex()}.tmp"
         batch: list[bytes] = [MAGIC]
         size = 0
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=self.dir_fd)
-        try:
+        with new_file(temp, lambda: disk_full(self.folder, 0), self.dir_fd) as fd:
             for key, entry in entries:
                 value = os.pread(self.fd, entry.size, entry.offset) if entry.inline else b""
                 batch.append(pack_record(Record(OP_SET, key, entry, value)))
@@ -290,12 +249,6 @@ class _Journal:
                     size += _write_batch(fd, batch)
                     batch = []
             size += _write_batch(fd, batch)
-        except BaseException as err:
-            os.close(fd)
-            unlink_quietly(temp, self.dir_fd)
-            if isinstance(err, OSError) and err.errno in _NO_SPACE:
-                raise disk_full(self.folder, 0) from err
-            raise
         os.close(fd)
         # The epoch is odd while the switch is under way, so a writer killed between the two steps is noticed by
         # the next lock holder (``_finish_compaction``), whichever file ``index`` then is.
@@ -363,7 +316,7 @@ class _Journal:
 
 def _write_batch(fd: int, batch: list[bytes]) -> int:
     data = b"".join(batch)
-    _write_all(fd, data)
+    write_all(fd, data)
     return len(data)
 
 
@@ -375,4 +328,4 @@ def _after_fork_in_child() -> None:
         journal.after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_register_fork_hook = fork_hooks(after_in_child=_after_fork_in_child)

@@ -1,75 +1,18 @@
-"""``memory.store``: a key-value cache with a RAM tier and an SSD tier, safe to share between processes.
-
-Theory of operation
--------------------
-A store is a folder::
-
-    index             append-only journal: what the store holds, and small values themselves
-    lock              ``flock`` target; never replaced, so every process locks the same inode
-    data/<token>.npy  an array of more than 16 KiB as a standard .npy file + HMAC trailer (np.load reads it)
-    data/<token>.pkl  a pickled value of more than 16 KiB + HMAC-SHA256 trailer
-
-Values up to 16 KiB (pickled, or a small array in .npy form) are written *inside* their journal record: creating
-a file costs 25-500 us on this machine's busy ext4, an append about 1 us, and that is what keeps ``set`` well
-under the 0.07 ms target. Every value, inline or not, is signed with this user's key (``signing.py``).
-
-*Visibility is atomic*: a bigger value goes to a fresh file under a random name (``O_EXCL``, never overwritten)
-and only then does one journal record name it; a small one is part of its record. Records carry their length and
-a CRC, so one a killed writer left half-written is recognised and cut off by the next writer, and a file no record
-names is an orphan nobody reads (swept later). An entry reads back whole or not at all.
-
-*Sizes are running totals*: the journal replays into an in-memory LRU index (``_Index``) holding each entry's
-size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also
-restores recency without unpickling anything: reads are remembered and written as one ``T`` record with the next
-write (or every 512 reads, or at exit), so a read costs no disk write.
-
-*Compaction*: replaced and deleted inline values stay in the journal as dead bytes until they outweigh the live
-ones (or the store is over its limit on disk); then the journal is rewritten with the live entries only, and a
-counter in the lock file (the epoch) sends every process still reading the old file to the new one.
-
-*Several processes*: writers hold an exclusive ``flock`` on ``lock`` while they read the records others appended
-since their last look and append their own, then bump a counter kept in the (memory-mapped) lock file.
-``fcntl.flock`` is used rather than the ``filelock`` package: it is stdlib, costs ~1 us a lock/unlock pair here,
-and the kernel drops it when a holder dies (a SIGKILLed writer never leaves a stale lock file behind, which
-lock-file schemes must detect by timeouts). A flock belongs to an open file, so a child forked with an open store
-reopens the lock file (``os.register_at_fork``). Readers take no lock: they compare the shared counter (a memory
-read, not a syscall) and parse only complete records; a value file is never changed once named, so nothing
-half-written is ever read. A file another process removed (evicted, replaced) reads as a miss.
-
-*Tampering*: pickles are loaded only after their signature (over the store's identity, the key, the entry's
-version and the bytes: ``blobs.py``) checks out; a mismatch means the file was changed outside the library,
-truncated, swapped with another entry's or an older one, copied from another store, or signed with another user's
-key: it reads as a miss, is removed and a ``TamperWarning`` names it. The key, the folders and ``lock``/``index``
-are checked once, at open (``trust.py``); names read from the journal are checked before any use, and every file
-operation is relative to the store's folder descriptors (``journal.py``). Arrays are never unpickled. Small
-arrays (read whole) are signed over their bytes; big ones come back memory-mapped, so hashing them on every read
-would defeat the mapping: their signature covers the key, the .npy header and the length (a swapped or
-truncated file is caught; an in-place edit of the numbers in a big array is not, and cannot run code).
-
-Durability: files are not fsynced (a crashed *process* loses nothing, the page cache survives it; a power loss may
-lose recent entries, and the CRC'd journal then drops whatever it cannot read back whole).
-"""
-
+"""``Store``: the two tiers, the journal and the value files joined into one mapping (see the package docstring
+for the theory of operation)."""
 from __future__ import annotations
 
-import errno
 import os
 import pickle
 import shutil
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import reactions
-from .api import current_level
-from .blobs import OldFormat, Unloadable, _Held, _Tampered, decode, load_mapped, seal_for, to_blob
-from .decide import Level, ram_tier_limit
-from .errors import (
-    ArgumentError,
-    ArgumentTypeError,
+from ..decide import Level, ram_tier_limit
+from ..errors import (
     DiskFullError,
     MissingKeyError,
     OldEntryWarning,
@@ -77,122 +20,31 @@ from .errors import (
     StoreClosedError,
     TamperWarning,
     UnloadableWarning,
-    UnsafePathError,
 )
-from .journal import _Journal, unlink_quietly, write_new
-from .paths import display, private_dir, store_dir
-from .records import (
-    _EXT,
-    KIND_NPY_MAP,
-    KIND_PICKLE,
-    NAME_BYTES,
-    OP_CLEAR,
-    OP_DEL,
-    OP_LOST,
-    OP_RESET,
-    OP_SET,
-    Entry,
-    Record,
-    is_data_name,
-)
-from .signing import user_key
+from ..fileio import write_new
+from ..machinery import machine
+from ..signing import user_key
+from ..trust import open_folder
+from ..units import MiB, fmt_mb
+from . import datafiles, forks
+from .codec import OldFormat, Unloadable, _Held, _Tampered, decode, seal_for, to_blob
+from .journal import _Journal, disk_full
+from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
+from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
 from .tiers import _Index, _RamTier
-from .trust import open_folder
-from .units import GiB, MiB, fmt_mb
 
-Key = str | int | bytes
-
-DEFAULT_RAM_MB = 256.0
-DEFAULT_DISK_GB = 10.0
 # Reads are remembered in memory and written to the journal in batches (with the next write, or at this many).
 TOUCH_BATCH = 512
 # Values up to this size live inside the journal itself: one append instead of a new file per entry (creating a
-# file costs 25-500 us on a busy ext4, an append ~1 us). Bigger ones get a file of their own.
+# file costs far more than appending to one). Bigger ones get a file of their own.
 INLINE_MAX_BYTES = 16 * 1024
 # The journal is rewritten without its dead bytes once they exceed the live inline values and this much.
 COMPACT_MIN_BYTES = 4 * MiB
-# Files no record points to (a writer killed mid-set) are removed at compaction once this old; younger ones may
-# belong to a set in progress in another process.
-ORPHAN_AGE_S = 60.0
-
-
-# -- keys (pure) ---------------------------------------------------------------------------------------------------
-
-def encode_key(key: Key) -> bytes:
-    """A type tag and the key's bytes: ``1``, ``"1"`` and ``b"1"`` are three keys. Never used as a file name."""
-    if isinstance(key, str):
-        return b"s" + key.encode("utf-8", "surrogatepass")
-    if isinstance(key, bytes):
-        return b"b" + key
-    if isinstance(key, int) and not isinstance(key, bool):
-        return b"i" + str(key).encode("ascii")
-    raise ArgumentTypeError(f"store keys are str, int or bytes, not {type(key).__name__}")
-
-
-def decode_key(encoded: bytes) -> Key:
-    tag, body = encoded[:1], encoded[1:]
-    if tag == b"s":
-        return body.decode("utf-8", "surrogatepass")
-    if tag == b"b":
-        return body
-    return int(body)
-
-
-# -- where stores may live -----------------------------------------------------------------------------------------
-
-_allowed: set[str] = set()
-_allowed_lock = threading.Lock()
-
-
-def allow_write(path: str | os.PathLike[str]) -> None:
-    """Allow stores (and other writes) at ``path`` and below it, as Apsi's ``--allow-write`` does."""
-    text = os.fspath(path)
-    if not isinstance(text, str) or not text.strip():
-        raise ArgumentError(f"allow_write needs a folder, not {text!r} (an empty path would allow the working "
-                                "folder)")
-    with _allowed_lock:
-        _allowed.add(os.path.realpath(os.path.expanduser(text)))
-
-
-def _allowed_roots() -> list[str]:
-    from_env = [p for p in os.environ.get("APSI_ALLOW_WRITE", "").split(os.pathsep) if p]
-    with _allowed_lock:
-        return list(_allowed) + [os.path.realpath(os.path.expanduser(p)) for p in from_env]
-
-
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
-    """A plain name is a folder under ``store_dir()``; anything with a path separator (or ``~``, ``.``) is a
-    path the caller chose, allowed only under ``allow_write``/``APSI_ALLOW_WRITE`` roots."""
-    text = os.fspath(name_or_path)
-    if not text or text in (".", ".."):
-        raise ArgumentError(f"store name {text!r} is empty or not a name; use e.g. 'embeddings'")
-    if os.sep not in text and not text.startswith(("~", ".")) and (os.altsep is None or os.altsep not in text):
-        return os.path.join(store_dir(), text)
-    folder = os.path.realpath(os.path.expanduser(text))
-    roots = [os.path.realpath(store_dir())] + _allowed_roots()
-    if not any(_is_within(folder, root) for root in roots):
-        raise UnsafePathError(
-            errno.EPERM,
-            f"store path {folder} is outside {display(store_dir())} and not allowed for writing; allow it with "
-            f"memory.allow_write({folder!r}) in Python, or APSI_ALLOW_WRITE={folder} in the environment")
-    return folder
 
 
 # -- the store -----------------------------------------------------------------------------------------------------
 
 _MISSING = object()
-# A fork waits this long for a store another thread is using (so the child gets it in a consistent state).
-FORK_WAIT_S = 10.0
-
-
-def _size_bytes(value: float, unit: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise SizeError(f"{what} must be a finite number of at least 0, not {value!r}")
-    return int(value * unit)
 
 
 def _close_files(journal: _Journal, fds: tuple[int, ...], wait: bool) -> None:
@@ -205,7 +57,9 @@ def _close_files(journal: _Journal, fds: tuple[int, ...], wait: bool) -> None:
 
 
 class Store:
-    """A two-tier cache in ``folder``. Use ``memory.store(name_or_path, ram_mb=..., disk_gb=...)``."""
+    """A two-tier cache in ``folder``, a mapping from keys to values. Use ``memory.store(name_or_path, ram_mb=...,
+    disk_gb=...)``. Keys are ``str``, ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys); values
+    are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable."""
 
     def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
@@ -213,7 +67,8 @@ class Store:
         self.label = label
         self.ram_asked = ram_bytes
         self.disk_limit = disk_bytes
-        self._level = level or current_level
+        self._machine = machine()  # the one whose levels this store hears, as it was when opened
+        self._level = level or self._machine.current_level
         secret = user_key()
         self._data = os.path.join(folder, "data")
         self._dir_fd = open_folder(folder)  # every file operation is relative to these two (never a path)
@@ -231,12 +86,12 @@ class Store:
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
         self._closer = weakref.finalize(self, _close_files, self._journal, (self._data_fd, self._dir_fd), False)
-        _open_stores.add(self)
+        forks.track(self)
         with self._lock, self._journal.locked():
             self._catch_up()
             self._compact_if_due()
             self._unlink(self._evict_over_limit(keep=b""))
-        reactions.register(self)
+        self._machine.components.register(self)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -276,20 +131,7 @@ class Store:
     def _load(self, key: bytes, entry: Entry) -> tuple[Any, _Held]:
         if entry.inline:
             return decode(self._seal, key, os.pread(self._journal.fd, entry.size, entry.offset), entry)
-        try:
-            fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._data_fd)
-        except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise _Tampered("a symbolic link in place of the file") from err
-            raise
-        try:
-            if entry.kind == KIND_NPY_MAP:
-                return load_mapped(self._seal, key, fd, entry)
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                content = f.read()
-        finally:
-            os.close(fd)
-        return decode(self._seal, key, content, entry)
+        return datafiles.load(self._seal, key, entry, self._data_fd)
 
     def _where(self, entry: Entry) -> str:
         return self._journal.path if entry.inline else os.path.join(self._data, entry.name)
@@ -364,15 +206,15 @@ class Store:
         self._check_open()
         encoded = encode_key(key)
         self._level()  # an allocation path: lets a pressure change reach on_level (cheap, rate-limited)
-        stem = os.urandom(NAME_BYTES // 2).hex()
+        stem = new_stem()
         blob = to_blob(self._seal, encoded, stem, value, lambda n: n <= self._ram.limit)
         if blob.size > self.disk_limit:
             raise SizeError(f"a {fmt_mb(blob.size)} value does not fit this store's SSD tier "
                             f"({fmt_mb(self.disk_limit)}); nothing was stored")
         inline = blob.kind != KIND_NPY_MAP and blob.size <= INLINE_MAX_BYTES
-        entry = Entry(stem if inline else stem + _EXT[blob.kind], blob.kind, blob.size)
+        entry = Entry(stem if inline else stem + EXT[blob.kind], blob.kind, blob.size)
         if not inline:  # outside the lock: nobody sees it before its record
-            write_new(entry.name, self._data_fd, blob.parts, self._data)
+            write_new(entry.name, self._data_fd, blob.parts, lambda: disk_full(self._data, blob.size))
         with self._lock, self._journal.locked():
             try:
                 self._catch_up()
@@ -381,7 +223,7 @@ class Store:
                 value_at = self._append(records)[-1]
             except BaseException:
                 if not inline:
-                    unlink_quietly(entry.name, self._data_fd)
+                    self._unlink([entry])
                 raise
             if inline:
                 entry = Entry(entry.name, entry.kind, entry.size, value_at)
@@ -420,10 +262,7 @@ class Store:
         return [entry for _, entry in victims]
 
     def _unlink(self, entries: list[Entry]) -> None:
-        """Remove the files of entries no record points to any more (inline ones go at the next compaction)."""
-        for entry in entries:
-            if not entry.inline:
-                unlink_quietly(entry.name, self._data_fd)
+        datafiles.unlink(entries, self._data_fd)
 
     def __setitem__(self, key: Key, value: Any) -> None:
         self.set(key, value)
@@ -525,22 +364,7 @@ class Store:
         except OSError:
             return  # the same, had the disk filled up meanwhile
         self._catch_up()
-        self._sweep_orphans()
-
-    def _sweep_orphans(self) -> None:
-        """Files under ``data/`` that no record names, once old enough not to be a set in progress. Only names a
-        writer makes are touched, and one another process removes meanwhile is simply gone."""
-        live = {entry.name for entry in self._index.entries.values()}
-        old_before = time.time() - ORPHAN_AGE_S
-        with os.scandir(self._data_fd) as files:
-            for f in files:
-                if f.name in live or not is_data_name(f.name):
-                    continue
-                try:
-                    if f.stat(follow_symlinks=False).st_mtime < old_before:
-                        unlink_quietly(f.name, self._data_fd)
-                except FileNotFoundError:
-                    pass
+        datafiles.sweep_orphans({entry.name for entry in self._index.entries.values()}, self._data_fd)
 
     def flush(self) -> None:
         """Write remembered reads to the journal now (otherwise done with the next write or at exit)."""
@@ -556,7 +380,7 @@ class Store:
 
     def close(self) -> None:
         """Write remembered reads and close the files; any later use raises ``StoreClosedError``. Twice is fine."""
-        reactions.unregister(self)
+        self._machine.components.unregister(self)
         with self._lock:
             self._closed = True
             if self._closer.detach() is not None:
@@ -597,53 +421,3 @@ class Store:
                     f"{len(self._index.entries)} on SSD ({fmt_mb(self._index.total)})>")
 
     __repr__ = __str__
-
-
-def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
-          disk_gb: float = DEFAULT_DISK_GB) -> Store:
-    """Open (or create) a store: ``memory.store("embeddings", ram_mb=512, disk_gb=50)``.
-
-    A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); a path must be allowed first with
-    ``allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``UnsafePathError`` (a ``PermissionError``)
-    says how. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
-    user could write is refused with an ``UnsafePathError`` naming the fix.
-    """
-    ram_bytes = _size_bytes(ram_mb, MiB, "ram_mb")
-    disk_bytes = _size_bytes(disk_gb, GiB, "disk_gb")
-    folder = resolve_folder(name_or_path)
-    if os.path.dirname(folder) == store_dir():
-        private_dir(store_dir())  # the folder of named stores: ours, and writable by nobody else
-    text = os.fspath(name_or_path)
-    label = text if folder == os.path.join(store_dir(), text) else display(folder)
-    return Store(folder, label, ram_bytes, disk_bytes)
-
-
-# -- fork ----------------------------------------------------------------------------------------------------------
-
-_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
-
-
-def _before_fork() -> None:
-    """Take every store's lock, so a child never starts with one copied taken by a thread that does not exist
-    there (it would hang on its first use). Bounded: a store busy past ``FORK_WAIT_S`` gets a fresh lock."""
-    for s in sorted(_open_stores, key=id):
-        s._fork_held = s._lock.acquire(timeout=FORK_WAIT_S)
-
-
-def _after_fork_in_parent() -> None:
-    for s in list(_open_stores):
-        if s._fork_held:
-            s._fork_held = False
-            s._lock.release()
-
-
-def _after_fork_in_child() -> None:
-    global _allowed_lock
-    _allowed_lock = threading.Lock()
-    for s in list(_open_stores):
-        s._fork_held = False
-        s._lock = threading.RLock()
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                    after_in_child=_after_fork_in_child)

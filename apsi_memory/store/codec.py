@@ -1,4 +1,4 @@
-"""Store values to signed bytes and back (see ``store.py``).
+"""Store values to signed bytes and back: arrays as ``.npy`` bytes, anything else as a pickle, signature last.
 
 Every signature is an HMAC, with a key derived from this user's key and the store's identity (random, made with
 the store), over a tag, the entry's key, the entry's version (its random name, new on every ``set``) and the
@@ -21,9 +21,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.lib.format as npformat
 
-from .errors import ArgumentTypeError
-from .records import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES, Entry
-from .signing import SIGNATURE_BYTES, sign, verify
+from ..errors import ArgumentTypeError
+from ..fileio import npy_header
+from ..signing import SIGNATURE_BYTES, sign, verify
+from .keys import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES
+from .records import Entry
 
 MMAP_MIN_BYTES = 128 * 1024  # arrays at least this big come back memory-mapped (a file read whole below it)
 
@@ -80,19 +82,12 @@ def _check(seal: Seal, signature: bytes, tag: bytes, key: bytes, stem: str, *par
 
 
 @lru_cache(maxsize=1024)
-def _npy_header(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bytes:
-    out = io.BytesIO()
-    descr = npformat.dtype_to_descr(dtype)  # a list for structured dtypes: hence the cache keys on the dtype
-    npformat.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
-    return out.getvalue()
-
-
-@lru_cache(maxsize=1024)
 def _parse_npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...]]:
     """Only ever called on a header whose signature checked out; still refuses object arrays (pickles)."""
     stream = io.BytesIO(header)
-    npformat.read_magic(stream)
-    shape, fortran, dtype = npformat.read_array_header_1_0(stream)
+    version = npformat.read_magic(stream)
+    read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
+    shape, fortran, dtype = read(stream, max_header_size=len(header))  # signed by us: any size is ours
     if fortran or dtype.hasobject:
         raise _Tampered("not a C-order plain-data array")
     return dtype, shape
@@ -115,7 +110,7 @@ def _array_blob(seal: Seal, key: bytes, stem: str, value: np.ndarray,
     # The RAM tier keeps its own read-only copy, so changing the caller's array later cannot change the cache.
     kept = keep_in_ram(value.nbytes)
     array = np.array(value, order="C", copy=True) if kept else np.ascontiguousarray(value)
-    header = _npy_header(array.dtype, array.shape)
+    header = npy_header(array.dtype, array.shape)
     data = array.reshape(-1).view(np.uint8).data
     size = len(header) + array.nbytes + SIGNATURE_BYTES
     if array.nbytes >= MMAP_MIN_BYTES:
@@ -152,9 +147,13 @@ def decode(seal: Seal, key: bytes, content: bytes, entry: Entry) -> tuple[Any, _
 
 
 def _header_length(prefix: bytes | memoryview) -> int:
-    if len(prefix) < 10 or bytes(prefix[:6]) != b"\x93NUMPY":
+    """The length of the ``.npy`` header that ``prefix`` starts with: format 1.0 counts it in two bytes, 2.0 in
+    four (``fileio.npy_header`` writes 2.0 only for a header over 64 KiB)."""
+    if len(prefix) < 12 or bytes(prefix[:6]) != b"\x93NUMPY":
         raise _Tampered("not a .npy file")
-    return 10 + int.from_bytes(prefix[8:10], "little")
+    if prefix[6] == 1:
+        return 10 + int.from_bytes(prefix[8:10], "little")
+    return 12 + int.from_bytes(prefix[8:12], "little")
 
 
 def load_mapped(seal: Seal, key: bytes, fd: int, entry: Entry) -> tuple[np.ndarray, _Held]:

@@ -1,12 +1,13 @@
 """The store's two tiers in memory, pure: the SSD tier's index (every entry in recency order, with running totals)
-and the RAM tier (values, least recently used first out). See ``store.py``."""
+and the RAM tier (values, least recently used first out), each a small mapping with running totals (as in zict).
+See the package docstring."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from .blobs import _Held
-from .decide import eviction_target
+from ..decide import eviction_target
+from .codec import _Held
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, OP_TOUCH, Entry, Record, unpack_keys
 
 # -- the SSD tier's index (pure) -----------------------------------------------------------------------------------

@@ -1,25 +1,22 @@
 """The store journal's records, pure: how they are packed, and how a journal's bytes parse back into them.
 
-No I/O here. Every name read back is checked against the exact form the writer uses (16 hex digits and a known
-kind) before anything can use it as a path; damaged records are reported, never guessed at.
+No I/O here: bytes in, records out. A record is a frame (its meta length, its inline value's length, the CRC of
+its meta), the meta (an op, and for a SET the value's kind, size and name, then the key) and the inline value.
+Every name read back is checked against the exact form the writer uses (``keys.is_stem`` and a known kind) before
+anything can use it as a path; damaged records are reported, never guessed at, and a torn tail (a writer killed
+mid-append) is left for the next writer to cut off.
 """
 
 from __future__ import annotations
 
-import re
 import struct
 import zlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .units import MiB
+from ..units import MiB
+from .keys import EXT, NAME_BYTES, is_stem
 
-# -- journal records (pure) ----------------------------------------------------------------------------------------
-
-KIND_PICKLE, KIND_NPY_READ, KIND_NPY_MAP = 0, 1, 2
-_EXT = {KIND_PICKLE: ".pkl", KIND_NPY_READ: ".npy", KIND_NPY_MAP: ".npy"}
-NAME_BYTES = 16
-_STEM = re.compile(rb"[0-9a-f]{%d}" % NAME_BYTES)
 _FRAME = struct.Struct("<III")  # meta length, inline value length, crc32(meta)
 _SET = struct.Struct("<BQ")  # kind, size
 OP_SET, OP_DEL, OP_TOUCH, OP_CLEAR = b"S", b"D", b"T", b"C"
@@ -156,15 +153,10 @@ def _record_from(meta: bytes, value_len: int, value_at: int) -> Record | None:
         return None
     kind, size = _SET.unpack_from(meta, 1)
     stem = meta[name_at:name_at + NAME_BYTES]
-    if kind not in _EXT or not _STEM.fullmatch(stem):
+    if kind not in EXT or not is_stem(stem):
         return None
     key = meta[name_at + NAME_BYTES:]
     if value_len:
         return Record(op, key, Entry(stem.decode("ascii"), kind, value_len, value_at))
-    return Record(op, key, Entry(stem.decode("ascii") + _EXT[kind], kind, size))
+    return Record(op, key, Entry(stem.decode("ascii") + EXT[kind], kind, size))
 
-
-def is_data_name(name: str) -> bool:
-    """A file name under ``data/`` that a writer makes."""
-    return len(name) == NAME_BYTES + 4 and name[NAME_BYTES:] in (".pkl", ".npy") and bool(
-        _STEM.fullmatch(name[:NAME_BYTES].encode("ascii", "replace")))

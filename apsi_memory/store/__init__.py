@@ -1,0 +1,100 @@
+"""``memory.store``: a key-value cache with a RAM tier and an SSD tier, safe to share between processes.
+
+The package, by what each module knows: ``keys`` (keys <-> bytes, entry names), ``records`` (the journal's record
+format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``tiers`` (the RAM tier and the SSD
+tier's index, pure), ``codec`` (values <-> signed ``.npy`` or pickle bytes), ``folders`` (where stores may live)
+and ``store`` (the ``Store`` class joining them). Imports go one way: keys <- records <- codec, tiers, journal
+<- store <- this module.
+
+Theory of operation
+-------------------
+A store is a folder::
+
+    index             append-only journal: what the store holds, and small values themselves
+    lock              ``flock`` target; never replaced, so every process locks the same inode
+    data/<token>.npy  an array of more than 16 KiB as a standard .npy file + HMAC trailer (np.load reads it)
+    data/<token>.pkl  a pickled value of more than 16 KiB + HMAC-SHA256 trailer
+
+Values up to 16 KiB (pickled, or a small array in .npy form) are written *inside* their journal record: creating
+a file costs far more than appending to one, and that is what keeps ``set`` cheap. Every value, inline or not, is
+signed with this user's key (``apsi_memory.signing``).
+
+*Visibility is atomic*: a bigger value goes to a fresh file under a random name (``O_EXCL``, never overwritten)
+and only then does one journal record name it; a small one is part of its record. Records carry their length and
+a CRC, so one a killed writer left half-written is recognised and cut off by the next writer, and a file no record
+names is an orphan nobody reads (swept later). An entry reads back whole or not at all.
+
+*Sizes are running totals*: the journal replays into an in-memory LRU index (``tiers._Index``) holding each entry's
+size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also
+restores recency without unpickling anything: reads are remembered and written as one ``T`` record with the next
+write (or every 512 reads, or at exit), so a read costs no disk write.
+
+*Compaction*: replaced and deleted inline values stay in the journal as dead bytes until they outweigh the live
+ones (or the store is over its limit on disk); then the journal is rewritten with the live entries only, and a
+counter in the lock file (the epoch) sends every process still reading the old file to the new one.
+
+*Several processes*: writers hold an exclusive ``flock`` on ``lock`` while they read the records others appended
+since their last look and append their own, then bump a counter kept in the (memory-mapped) lock file.
+``fcntl.flock`` is used rather than the ``filelock`` package: it is stdlib, one syscall to lock and one to unlock,
+and the kernel drops it when a holder dies (a SIGKILLed writer never leaves a stale lock file behind, which
+lock-file schemes must detect by timeouts). A flock belongs to an open file, so a child forked with an open store
+reopens the lock file (``os.register_at_fork``). Readers take no lock: they compare the shared counter (a memory
+read, not a syscall) and parse only complete records; a value file is never changed once named, so nothing
+half-written is ever read. A file another process removed (evicted, replaced) reads as a miss.
+
+*Tampering*: pickles are loaded only after their signature (over the store's identity, the key, the entry's
+version and the bytes: ``codec.py``) checks out; a mismatch means the file was changed outside the library,
+truncated, swapped with another entry's or an older one, copied from another store, or signed with another user's
+key: it reads as a miss, is removed and a ``TamperWarning`` names it. The key, the folders and ``lock``/``index``
+are checked once, at open (``apsi_memory.trust``); names read from the journal are checked before any use, and every file
+operation is relative to the store's folder descriptors (``journal.py``). Arrays are never unpickled. Small
+arrays (read whole) are signed over their bytes; big ones come back memory-mapped, so hashing them on every read
+would defeat the mapping: their signature covers the key, the .npy header and the length (a swapped or
+truncated file is caught; an in-place edit of the numbers in a big array is not, and cannot run code).
+
+Durability: files are not fsynced (a crashed *process* loses nothing, the page cache survives it; a power loss may
+lose recent entries, and the CRC'd journal then drops whatever it cannot read back whole).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import SizeError
+from ..paths import display, private_dir, store_dir
+from ..units import GiB, MiB
+from .folders import allow_write, resolve_folder
+from .keys import Key, decode_key, encode_key
+from .store import Store
+
+__all__ = ["DEFAULT_DISK_GB", "DEFAULT_RAM_MB", "Key", "Store", "allow_write", "decode_key", "encode_key",
+           "resolve_folder", "store"]
+
+DEFAULT_RAM_MB = 256.0
+DEFAULT_DISK_GB = 10.0
+
+
+def _size_bytes(value: float, unit: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise SizeError(f"{what} must be a finite number of at least 0, not {value!r}")
+    return int(value * unit)
+
+
+def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
+          disk_gb: float = DEFAULT_DISK_GB) -> Store:
+    """Open (or create) a store: ``memory.store("embeddings", ram_mb=512, disk_gb=50)``. Keys are ``str``,
+    ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys).
+
+    A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); a path must be allowed first with
+    ``memory.allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``UnsafePathError`` (a ``PermissionError``)
+    says how. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
+    user could write is refused with an ``UnsafePathError`` naming the fix.
+    """
+    ram_bytes = _size_bytes(ram_mb, MiB, "ram_mb")
+    disk_bytes = _size_bytes(disk_gb, GiB, "disk_gb")
+    folder = resolve_folder(name_or_path)
+    if os.path.dirname(folder) == store_dir():
+        private_dir(store_dir())  # the folder of named stores: ours, and writable by nobody else
+    text = os.fspath(name_or_path)
+    label = text if folder == os.path.join(store_dir(), text) else display(folder)
+    return Store(folder, label, ram_bytes, disk_bytes)

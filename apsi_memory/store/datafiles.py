@@ -1,0 +1,58 @@
+"""The store's ``data/`` folder: values with a file of their own, read, removed and swept by name, every
+operation relative to the folder's descriptor (``data_fd``) and never through a symbolic link."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from typing import Any
+
+from ..fileio import unlink_quietly
+from .codec import Seal, _Held, _Tampered, decode, load_mapped
+from .keys import KIND_NPY_MAP, is_data_name
+from .records import Entry
+
+# Files no record points to (a writer killed mid-set) are removed at compaction once this old; younger ones may
+# belong to a set in progress in another process.
+ORPHAN_AGE_S = 60.0
+
+
+def load(seal: Seal, key: bytes, entry: Entry, data_fd: int) -> tuple[Any, _Held]:
+    """The value of a file entry and what the RAM tier keeps; a big array comes back memory-mapped."""
+    try:
+        fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _Tampered("a symbolic link in place of the file") from err
+        raise
+    try:
+        if entry.kind == KIND_NPY_MAP:
+            return load_mapped(seal, key, fd, entry)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            content = f.read()
+    finally:
+        os.close(fd)
+    return decode(seal, key, content, entry)
+
+
+def unlink(entries: list[Entry], data_fd: int) -> None:
+    """Remove the files of entries no record points to any more (inline ones go at the next compaction)."""
+    for entry in entries:
+        if not entry.inline:
+            unlink_quietly(entry.name, data_fd)
+
+
+def sweep_orphans(live: set[str], data_fd: int) -> None:
+    """Files that no record names (not in ``live``), once old enough not to be a set in progress. Only names a
+    writer makes are touched, and one another process removes meanwhile is simply gone."""
+    old_before = time.time() - ORPHAN_AGE_S
+    with os.scandir(data_fd) as files:
+        for f in files:
+            if f.name in live or not is_data_name(f.name):
+                continue
+            try:
+                if f.stat(follow_symlinks=False).st_mtime < old_before:
+                    unlink_quietly(f.name, data_fd)
+            except FileNotFoundError:
+                pass

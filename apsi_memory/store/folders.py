@@ -1,0 +1,65 @@
+"""Where stores may live: a plain name under ``store_dir()``, or a path below an allowed root
+(``memory.allow_write(path)`` in Python, ``APSI_ALLOW_WRITE`` in the environment)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+from .._once import fork_hooks
+from ..errors import ArgumentError, UnsafePathError
+from ..paths import display, store_dir
+
+_allowed: set[str] = set()
+_allowed_lock = threading.Lock()
+
+
+def allow_write(path: str | os.PathLike[str]) -> None:
+    """Allow stores (and other writes) at ``path`` and below it, for this process: what ``APSI_ALLOW_WRITE``
+    (folders separated by ``os.pathsep``) does from the environment, e.g. ``memory.allow_write("/data/cache")``."""
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise ArgumentError(f"allow_write needs a folder, not {text!r} (an empty path would allow the working "
+                                "folder)")
+    _register_fork_hook()
+    with _allowed_lock:
+        _allowed.add(os.path.realpath(os.path.expanduser(text)))
+
+
+def _allowed_roots() -> list[str]:
+    from_env = [p for p in os.environ.get("APSI_ALLOW_WRITE", "").split(os.pathsep) if p]
+    _register_fork_hook()
+    with _allowed_lock:
+        return list(_allowed) + [os.path.realpath(os.path.expanduser(p)) for p in from_env]
+
+
+def _is_within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
+    """A plain name is a folder under ``store_dir()``; anything with a path separator (or ``~``, ``.``) is a
+    path the caller chose, allowed only under ``allow_write``/``APSI_ALLOW_WRITE`` roots."""
+    text = os.fspath(name_or_path)
+    if not text or text in (".", ".."):
+        raise ArgumentError(f"store name {text!r} is empty or not a name; use e.g. 'embeddings'")
+    if os.sep not in text and not text.startswith(("~", ".")) and (os.altsep is None or os.altsep not in text):
+        return os.path.join(store_dir(), text)
+    folder = os.path.realpath(os.path.expanduser(text))
+    roots = [os.path.realpath(store_dir())] + _allowed_roots()
+    if not any(_is_within(folder, root) for root in roots):
+        raise UnsafePathError(
+            errno.EPERM,
+            f"store path {folder} is outside {display(store_dir())} and not allowed for writing; allow it with "
+            f"memory.allow_write({folder!r}) in Python, or APSI_ALLOW_WRITE={folder} in the environment")
+    return folder
+
+
+def _fresh_lock_in_child() -> None:
+    """A fork while another thread held ``_allowed_lock`` would copy it taken: the child gets a free one."""
+    global _allowed_lock
+    _allowed_lock = threading.Lock()
+
+
+_register_fork_hook = fork_hooks(after_in_child=_fresh_lock_in_child)

@@ -1,0 +1,61 @@
+"""Importing the library does no work: no file is deleted or created, no fork hook, at-exit function or C
+library is registered or loaded (issue 11, item 6). Each happens on first use instead."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from apsi_memory import spill
+
+SPY = textwrap.dedent("""
+    import atexit, ctypes, os, sys
+
+    callers = set()
+
+    def spy(real):
+        def called(*args, **kwargs):
+            callers.add(sys._getframe(1).f_globals.get("__name__", "?"))
+            return real(*args, **kwargs)
+        return called
+
+    os.register_at_fork = spy(os.register_at_fork)
+    atexit.register = spy(atexit.register)
+    ctypes.CDLL = spy(ctypes.CDLL)
+    import apsi_memory
+    print(" ".join(sorted(name for name in callers if name.startswith("apsi_memory"))))
+""")
+AFTER_IMPORT = 'print(" ".join(sorted(name for name in callers if name.startswith("apsi_memory"))))'
+
+
+
+def dead_pid() -> int:
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    return int(finished.stdout)
+
+
+def test_importing_deletes_creates_and_registers_nothing(tmp_path):
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir(mode=0o700)
+    dead_owners = spill_dir / spill.file_name(dead_pid(), "1", "aa")  # what a first spill would reclaim
+    dead_owners.write_bytes(b"\x93NUMPY")
+    home = tmp_path / "home"  # the key, stores and spill files would go here by default
+    env = {**os.environ, "APSI_SPILL_DIR": str(spill_dir), "APSI_HOME": str(home)}
+    env.pop("APSI_STORE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", SPY], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []
+    assert dead_owners.exists(), "importing must not reclaim spill files"
+    assert not home.exists(), "importing must not create the library's folders or key"
+    assert [p.name for p in spill_dir.iterdir()] == [dead_owners.name]
+
+
+def test_relieve_loads_libc_on_first_use():
+    """watch.py used to load libc at import for ``malloc_trim``; now the first ``relieve()`` does, in ``_libc``."""
+    code = SPY.replace(AFTER_IMPORT, "callers.clear(); apsi_memory.relieve(); " + AFTER_IMPORT)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["apsi_memory._libc"]
