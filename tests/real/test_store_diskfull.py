@@ -3,10 +3,7 @@ no partial file is left, and the store takes sets again once there is room."""
 
 from __future__ import annotations
 
-import gc
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,25 +12,6 @@ import apsi_memory as memory
 from apsi_memory.errors import DiskFullError
 
 pytestmark = pytest.mark.real
-
-
-@pytest.fixture
-def small_disk(tmp_path, monkeypatch):
-    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if sys.platform != "linux" or os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root on Linux")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    memory.allow_write(mount)
-    try:
-        yield mount
-    finally:
-        gc.collect()  # close the stores' files before the disk goes
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill_until_full(s: memory.Store, make) -> tuple[int, DiskFullError]:

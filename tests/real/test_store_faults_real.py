@@ -8,7 +8,6 @@ with ``UnsafePathError``; code executions 0.
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import subprocess
@@ -29,23 +28,6 @@ pytestmark = pytest.mark.real
 def needs_root() -> None:
     if sys.platform != "linux" or os.geteuid() != 0:
         pytest.skip("mounting a tmpfs and adding a user need root on Linux")
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    needs_root()
-    mount = tmp_path / "small"
-    mount.mkdir(mode=0o700)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    memory.allow_write(mount)
-    try:
-        yield mount
-    finally:
-        gc.collect()  # close the stores' files before the disk goes
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(disk: Path) -> None:
