@@ -9,9 +9,7 @@ reads these files through the adapters, as it reads ``/``.
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from apsi_memory import machinery
 from apsi_memory.decide import LEVEL_TABLE, Level
 from sim import machine
 from sim.clock import FakeClock
@@ -34,13 +32,6 @@ class PressureMachine:
         self.tree = docker_v1(root, limit=limit, usage=0, inactive_file=0)
         self.clock = FakeClock()
         self.machine = machine(self.tree, self.clock)
-
-    def install(self, monkeypatch: Any) -> PressureMachine:
-        """Make this the default machine for one test (``monkeypatch`` undoes it); a fixture that can use
-        ``with pm.machine.use():`` needs no monkeypatch (``tests/conftest.py``'s ``pressure_machine``)."""
-        monkeypatch.setattr(machinery, "_current", self.machine)
-        monkeypatch.delenv(machinery.BUDGET_ENV, raising=False)
-        return self
 
     def set_usage(self, n_bytes: int) -> None:
         self.tree.v1_group(GROUP, self.limit, n_bytes, 0)

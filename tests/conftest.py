@@ -4,7 +4,7 @@
   default machine for the test (``APSI_FS_ROOT`` too, for subprocesses); returns the tree.
 * ``pressure_machine``: a container whose pressure level the test sets (``sim.pressure.PressureMachine``), installed.
 * ``home``: the test's ``~/.apsi`` (``home / "home"``) and store folder (``home / "stores"``).
-* ``spill``, ``on_ssd``: a spill folder under the test's tmp; ``on_ssd`` also sets the budget to 0.
+* ``spill_dir``, ``on_ssd``: a spill folder under the test's tmp; ``on_ssd`` also sets the budget to 0.
 * ``memcg``: a real v1 child memory cgroup.
 
 Every test also runs on a fresh ``Machine`` of the real host (its own budget, ledger, level and components) and
@@ -74,17 +74,18 @@ def pressure_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 
 @pytest.fixture
-def spill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def spill_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The spill folder (``APSI_SPILL_DIR``) under the test's tmp folder, not made yet."""
     folder = tmp_path / "spill"
     monkeypatch.setenv("APSI_SPILL_DIR", str(folder))
     return folder
 
 
 @pytest.fixture
-def on_ssd(spill: Path) -> Path:
+def on_ssd(spill_dir: Path) -> Path:
     """A RAM budget of zero: every array over 1 MiB goes to a spill file."""
     memory.budget(0)
-    return spill
+    return spill_dir
 
 
 @pytest.fixture

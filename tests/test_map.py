@@ -18,13 +18,13 @@ def spill_files(folder: Path) -> list[str]:
     return sorted(os.listdir(folder)) if folder.exists() else []
 
 
-def test_map_applies_fn_block_by_block(spill: Path) -> None:
+def test_map_applies_fn_block_by_block(spill_dir: Path) -> None:
     x = np.arange(30.0).reshape(10, 3)
     y = memory.map(lambda b: b * 2.0 + 1.0, x, rows=3)
     np.testing.assert_array_equal(y, x * 2.0 + 1.0)
 
 
-def test_the_output_shape_and_dtype_come_from_the_first_result(spill: Path) -> None:
+def test_the_output_shape_and_dtype_come_from_the_first_result(spill_dir: Path) -> None:
     x = np.arange(40, dtype=np.int32).reshape(10, 4)
     y = memory.map(lambda b: b[:, :2].astype(np.float64) / 2, x, rows=4)
     assert y.shape == (10, 2) and y.dtype == np.float64
@@ -41,7 +41,7 @@ def test_a_big_output_is_a_memory_array_on_the_ssd(on_ssd: Path) -> None:
     assert spill_files(on_ssd) == []
 
 
-def test_a_big_output_that_fits_the_budget_stays_in_ram_and_keeps_its_values(spill: Path, pressure_machine) -> None:
+def test_a_big_output_that_fits_the_budget_stays_in_ram_and_keeps_its_values(spill_dir: Path, pressure_machine) -> None:
     # on a sim container at "ok": the real machine's pressure during a test run must not move the output
     memory.budget("1GB")
     try:
@@ -53,7 +53,7 @@ def test_a_big_output_that_fits_the_budget_stays_in_ram_and_keeps_its_values(spi
         memory.budget("auto")
 
 
-def test_a_npy_path_and_a_memmap_are_inputs_too(tmp_path: Path, spill: Path) -> None:
+def test_a_npy_path_and_a_memmap_are_inputs_too(tmp_path: Path, spill_dir: Path) -> None:
     path = str(tmp_path / "x.npy")
     np.save(path, np.arange(1000, dtype=np.float32).reshape(250, 4))
     expected = np.arange(1000, dtype=np.float32).reshape(250, 4) - 1
@@ -61,12 +61,12 @@ def test_a_npy_path_and_a_memmap_are_inputs_too(tmp_path: Path, spill: Path) -> 
     np.testing.assert_array_equal(memory.map(lambda b: b - 1, np.load(path, mmap_mode="r"), rows=64), expected)
 
 
-def test_a_1d_input_maps_its_elements(spill: Path) -> None:
+def test_a_1d_input_maps_its_elements(spill_dir: Path) -> None:
     y = memory.map(np.sqrt, np.array([0.0, 1.0, 4.0, 9.0, 16.0]), rows=2)
     np.testing.assert_array_equal(y, [0, 1, 2, 3, 4])
 
 
-def test_an_empty_input_calls_fn_once_for_the_dtype(spill: Path) -> None:
+def test_an_empty_input_calls_fn_once_for_the_dtype(spill_dir: Path) -> None:
     seen: list[tuple[int, ...]] = []
 
     def fn(b: np.ndarray) -> np.ndarray:
@@ -78,7 +78,7 @@ def test_an_empty_input_calls_fn_once_for_the_dtype(spill: Path) -> None:
     assert y.shape == (0, 3) and y.dtype == np.int8
 
 
-def test_workers_run_blocks_at_the_same_time(spill: Path) -> None:
+def test_workers_run_blocks_at_the_same_time(spill_dir: Path) -> None:
     # Blocks 1 and 2 wait for each other: this finishes only if two threads run them at once.
     meet = threading.Barrier(2, timeout=10)
 
@@ -91,7 +91,7 @@ def test_workers_run_blocks_at_the_same_time(spill: Path) -> None:
     np.testing.assert_array_equal(memory.map(fn, x, rows=1, workers=2), x + 1)
 
 
-def test_one_worker_runs_every_block_on_one_thread_besides_the_caller(spill: Path) -> None:
+def test_one_worker_runs_every_block_on_one_thread_besides_the_caller(spill_dir: Path) -> None:
     threads: set[str] = set()
 
     def fn(b: np.ndarray) -> np.ndarray:
@@ -102,7 +102,7 @@ def test_one_worker_runs_every_block_on_one_thread_besides_the_caller(spill: Pat
     assert len(threads - {threading.current_thread().name}) == 1
 
 
-def test_by_default_there_is_a_worker_per_core(spill: Path) -> None:
+def test_by_default_there_is_a_worker_per_core(spill_dir: Path) -> None:
     threads: set[str] = set()
     meet = threading.Barrier(memory.cores(), timeout=10)
 
@@ -117,12 +117,12 @@ def test_by_default_there_is_a_worker_per_core(spill: Path) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5])
-def test_bad_workers_fail_at_the_call(spill: Path, workers: object) -> None:
+def test_bad_workers_fail_at_the_call(spill_dir: Path, workers: object) -> None:
     with pytest.raises(ChunkError, match="workers must be"):
         memory.map(lambda b: b, np.zeros(10), rows=2, workers=workers)  # type: ignore[arg-type]
 
 
-def test_without_rows_the_blocks_in_flight_hold_about_32_mb_together(spill: Path) -> None:
+def test_without_rows_the_blocks_in_flight_hold_about_32_mb_together(spill_dir: Path) -> None:
     sizes: list[int] = []
     lock = threading.Lock()
 
@@ -135,7 +135,7 @@ def test_without_rows_the_blocks_in_flight_hold_about_32_mb_together(spill: Path
     assert max(sizes) == 8 * 1024 * 1024 // 32 and sum(sizes) == 1_000_000
 
 
-def test_bad_rows_fail_before_fn_runs(spill: Path) -> None:
+def test_bad_rows_fail_before_fn_runs(spill_dir: Path) -> None:
     calls: list[np.ndarray] = []
 
     def fn(b: np.ndarray) -> np.ndarray:
@@ -189,7 +189,7 @@ def test_a_later_block_with_another_dtype_is_named(on_ssd: Path) -> None:
     assert spill_files(on_ssd) == []
 
 
-def test_of_two_failing_blocks_the_first_in_row_order_is_raised(spill: Path) -> None:
+def test_of_two_failing_blocks_the_first_in_row_order_is_raised(spill_dir: Path) -> None:
     # block 3 fails at once, block 2 only once block 3 has: the error names block 2 all the same
     block_3_failed = threading.Event()
 
@@ -206,7 +206,7 @@ def test_of_two_failing_blocks_the_first_in_row_order_is_raised(spill: Path) -> 
         memory.map(fn, np.arange(6.0).reshape(3, 2), rows=1, workers=2)
 
 
-def test_a_later_block_with_another_row_shape_is_named(spill: Path) -> None:
+def test_a_later_block_with_another_row_shape_is_named(spill_dir: Path) -> None:
     def fn(b: np.ndarray) -> np.ndarray:
         return b[:, :1] if b[0, 0] >= 2 else b
 
@@ -215,23 +215,23 @@ def test_a_later_block_with_another_row_shape_is_named(spill: Path) -> None:
 
 
 @pytest.mark.parametrize("result,what", [(lambda b: b[:-1], "1 rows"), (lambda b: b.sum(), "a single value")])
-def test_fn_must_give_one_row_per_input_row(spill: Path, result: object, what: str) -> None:
+def test_fn_must_give_one_row_per_input_row(spill_dir: Path, result: object, what: str) -> None:
     with pytest.raises(ChunkError, match=f"fn returned {what} for rows 0:2 .*one result row per input row"):
         memory.map(result, np.ones((4, 3)), rows=2)  # type: ignore[arg-type]
 
 
-def test_fn_returning_python_objects_is_refused(spill: Path) -> None:
+def test_fn_returning_python_objects_is_refused(spill_dir: Path) -> None:
     with pytest.raises(ChunkError, match="Python objects"):
         memory.map(lambda b: np.array([str(v) for v in b], dtype=object), np.arange(4), rows=2)
 
 
-def test_progress_shows_rows_done(spill: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_shows_rows_done(spill_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     memory.map(lambda b: b, np.zeros((3000, 2)), rows=1000, progress=True)
     err = capsys.readouterr().err
     assert "3.00k/3.00k" in err and "rows" in err
 
 
-def test_map_does_not_import_tqdm_unless_asked(spill: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_map_does_not_import_tqdm_unless_asked(spill_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
     np.testing.assert_array_equal(memory.map(lambda b: -b, np.ones(4), rows=2), -np.ones(4))

@@ -134,7 +134,7 @@ def test_readings_from_several_threads_while_files_are_replaced_read_one_value_o
 
 
 def test_an_allocation_takes_one_reading_for_the_level_and_the_budget(pressure_machine: PressureMachine,
-                                                                      spill: Path) -> None:
+                                                                      spill_dir: Path) -> None:
     m = pressure_machine.machine
     calls = []
     real_read = m.reader.read

@@ -1,5 +1,5 @@
-"""Issue 9 item 2 and the spill folder's trust: ``free()`` works on the file it made, never through a path someone
-swapped (a symbolic link or another file in its place), and a spill folder others can write is refused."""
+"""Issue 9 item 2 and the spill spill_dir's trust: ``free()`` works on the file it made, never through a path someone
+swapped (a symbolic link or another file in its place), and a spill spill_dir others can write is refused."""
 
 from __future__ import annotations
 
@@ -16,15 +16,8 @@ from apsi_memory.units import MiB
 FLOAT64 = np.dtype("float64")
 
 
-@pytest.fixture
-def folder(tmp_path, monkeypatch) -> Path:
-    spill_dir = tmp_path / "spill"
-    monkeypatch.setenv("APSI_SPILL_DIR", str(spill_dir))
-    return spill_dir
-
-
 @pytest.mark.parametrize("swap", ["symlink", "another file"])
-def test_free_never_truncates_or_unlinks_what_was_swapped_in(folder, tmp_path, swap):
+def test_free_never_truncates_or_unlinks_what_was_swapped_in(spill_dir, tmp_path, swap):
     """Before the fix ``release`` called ``os.truncate(path, 0)``, which follows a symbolic link: the target of
     a link another user put in place of our spill file lost its contents."""
     victim = tmp_path / "victim"
@@ -42,7 +35,7 @@ def test_free_never_truncates_or_unlinks_what_was_swapped_in(folder, tmp_path, s
     assert os.path.lexists(path), "only what we created is unlinked"
 
 
-def test_free_still_truncates_and_removes_our_own_file(folder):
+def test_free_still_truncates_and_removes_our_own_file(spill_dir):
     x = spill.create((2, MiB // 8), FLOAT64)
     path = x.filename
     handle = os.open(path, os.O_RDONLY)  # keeps the inode alive to look at after the unlink
@@ -53,9 +46,9 @@ def test_free_still_truncates_and_removes_our_own_file(folder):
         os.close(handle)
 
 
-def test_a_spill_folder_others_can_write_is_refused(folder):
-    folder.mkdir(mode=0o700)
-    os.chmod(folder, 0o777)
-    with pytest.raises(UnsafePathError, match=f"{folder} is writable by others.*chmod go-w {folder}"):
+def test_a_spill_folder_others_can_write_is_refused(spill_dir):
+    spill_dir.mkdir(mode=0o700)
+    os.chmod(spill_dir, 0o777)
+    with pytest.raises(UnsafePathError, match=f"{spill_dir} is writable by others.*chmod go-w {spill_dir}"):
         spill.create((4,), FLOAT64)
-    assert os.listdir(folder) == []
+    assert os.listdir(spill_dir) == []

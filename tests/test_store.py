@@ -15,25 +15,13 @@ from apsi_memory.decide import Level
 from apsi_memory.errors import SizeError
 from apsi_memory.store import decode_key
 from apsi_memory.units import GiB, MiB
-from sim.pressure import PressureMachine
 
 KIB = 1024
 
 
-@pytest.fixture(autouse=True)
-def machine(tmp_path, monkeypatch):
-    """The api reads a simulated container at ``ok``, so this machine's own memory pressure cannot shrink the
-    RAM tiers under test."""
-    return PressureMachine(tmp_path / "machine").install(monkeypatch)
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch, machine):
-    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
-    monkeypatch.delenv("APSI_ALLOW_WRITE", raising=False)
-    yield tmp_path
-    reactions.notify(Level.OK)  # a test that raised the level must not leave other stores shrunk
+# A simulated container at ``ok`` (conftest's ``pressure_machine``), so this machine's own memory pressure cannot
+# shrink the RAM tiers under test; ``home`` puts the key and the stores under the test's folder.
+pytestmark = pytest.mark.usefixtures("pressure_machine", "home")
 
 
 def gb(n_bytes: int) -> float:
@@ -344,29 +332,29 @@ def test_pressure_halves_then_empties_then_regrows_the_ram_tier():
     assert s.ram_bytes == 9 * 100 * KIB
 
 
-def test_a_store_hears_the_level_measured_on_its_own_sets(machine):
+def test_a_store_hears_the_level_measured_on_its_own_sets(pressure_machine):
     """End to end: the (simulated) container fills up, the next ``set`` re-measures, the store reacts."""
     s = memory.store("measured", ram_mb=1)
     value = np.zeros(100 * KIB // 8)
     for i in range(9):
         s.set(i, value)
-    machine.at(Level.HIGH)
-    machine.next_measurement()
+    pressure_machine.at(Level.HIGH)
+    pressure_machine.next_measurement()
     s.set("one more", value)
     assert s.ram_bytes <= MiB // 2
-    machine.at(Level.CRITICAL)
-    machine.next_measurement()
+    pressure_machine.at(Level.CRITICAL)
+    pressure_machine.next_measurement()
     s.set("and another", value)
     assert s.ram_bytes == 0
-    machine.at(Level.OK)
-    machine.next_measurement()
+    pressure_machine.at(Level.OK)
+    pressure_machine.next_measurement()
     s.set("back", value)
     assert s.ram_bytes == 100 * KIB and len(s) == 12
 
 
-def test_a_store_opened_under_pressure_starts_small(machine):
-    machine.at(Level.HIGH)
-    machine.next_measurement()
+def test_a_store_opened_under_pressure_starts_small(pressure_machine):
+    pressure_machine.at(Level.HIGH)
+    pressure_machine.next_measurement()
     s = memory.store("opened under pressure", ram_mb=1)
     for i in range(9):
         s.set(i, np.zeros(100 * KIB // 8))

@@ -49,11 +49,6 @@ def same(a, b) -> bool:
     return a == b
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("APSI_HOME", str(tmp_path / "home"))
-
-
 class StoreMachine(RuleBasedStateMachine):
     folder_root: str = ""
 
@@ -165,11 +160,11 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 @pytest.fixture
-def machine(tmp_path):
+def store_machine(tmp_path):
     StoreMachine.folder_root = str(tmp_path)
     return StoreMachine
 
 
-def test_store_against_a_dict_model(machine):
-    run_state_machine_as_test(machine, settings=settings(
+def test_store_against_a_dict_model(store_machine):
+    run_state_machine_as_test(store_machine, settings=settings(
         max_examples=80, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]))
