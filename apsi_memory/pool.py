@@ -122,12 +122,15 @@ class _Clearer:
     IDLE_SECONDS = 2.0
 
     def __init__(self) -> None:
+        self._start_over()
+        self._forks_hooked = False
+
+    def _start_over(self) -> None:
         self._work: queue.SimpleQueue[tuple[weakref.ref[Pool], _Buffer]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending = 0  # submitted, not cleared yet
         self._idle = threading.Condition(self._lock)
-        self._forks_hooked = False
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until every buffer submitted so far has been cleared (or ``timeout``): a point to synchronise
@@ -169,8 +172,7 @@ class _Clearer:
         buffers it never cleared here) came along: start over, so the child's first give starts its own thread
         instead of never clearing again. Buffers queued in the parent stay unclean in the child, which only costs
         a fresh buffer instead of a spare."""
-        self.__init__()  # type: ignore[misc]  # every field as new; the fork hook stays registered
-        self._forks_hooked = True
+        self._start_over()  # the fork hook stays registered
 
     def hook_forks(self) -> None:
         """Register the fork hook once, when the first pool is made (not at import)."""
