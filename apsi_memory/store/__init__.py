@@ -12,8 +12,8 @@ A store is a folder::
 
     index             append-only journal: what the store holds, and small values themselves
     lock              ``flock`` target; never replaced, so every process locks the same inode
-    data/<token>.npy  an array of more than 16 KiB as a standard .npy file + HMAC trailer (np.load reads it)
-    data/<token>.pkl  a pickled value of more than 16 KiB + HMAC-SHA256 trailer
+    data/<token>.npy  an array of more than 16 KiB as a standard .npy file + MAC trailer (np.load reads it)
+    data/<token>.pkl  a pickled value of more than 16 KiB + keyed-BLAKE2b MAC trailer
 
 Values up to 16 KiB (pickled, or a small array in .npy form) are written *inside* their journal record: creating
 a file costs far more than appending to one, and that is what keeps ``set`` cheap. Every value, inline or not, is
