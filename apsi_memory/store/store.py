@@ -100,15 +100,20 @@ class Store:
     # -- reading --
 
     def get(self, key: Key, default: Any = None) -> Any:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         encoded = encode_key(key)
         with self._lock:
-            self._catch_up()
-            held = self._ram.get(encoded)
-            if held is not None:
-                self._touch(encoded)
-                return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
-            return self._get_from_disk(encoded, default)
+            if self._journal.changed():  # a memory read; only another process's write costs more
+                self._catch_up()
+            values = self._ram.values
+            held = values.get(encoded)
+            if held is None:
+                return self._get_from_disk(encoded, default)
+            values.move_to_end(encoded)
+            self._touch(encoded)
+            # A pickle is loaded on every hit, so callers never share a mutable object (the cheapest deep copy).
+            return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
 
     def _get_from_disk(self, key: bytes, default: Any) -> Any:
         for _ in range(2):  # a second look if another process replaced or evicted the file meanwhile
@@ -339,8 +344,9 @@ class Store:
 
     def _touch(self, key: bytes) -> None:
         self._index.touch(key)
-        self._journal.pending_touches.append(key)
-        if len(self._journal.pending_touches) >= TOUCH_BATCH:
+        pending = self._journal.pending_touches
+        pending.append(key)
+        if len(pending) >= TOUCH_BATCH:
             self.flush()
 
     def _compact_if_due(self, keep: bytes = b"", force: bool = False) -> None:

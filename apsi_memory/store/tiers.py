@@ -38,8 +38,10 @@ class _Index:
         return old
 
     def touch(self, key: bytes) -> None:
-        if key in self.entries:
+        try:
             self.entries.move_to_end(key)
+        except KeyError:
+            pass  # removed meanwhile (a touch record may name a key deleted since)
 
     def clear(self) -> None:
         self.entries.clear()
