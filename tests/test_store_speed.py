@@ -1,15 +1,18 @@
 """The fast paths of issue 14 keep the store's guarantees: the cheaper MAC still binds store, key and version,
-and entries signed the previous way read as misses with one ``OldEntryWarning``."""
+entries signed the previous way read as misses with one ``OldEntryWarning``, and the index checkpoint that makes
+opening cheap is only ever a shortcut (stale, changed, copied or linked: ignored, the journal replayed whole)."""
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
 
+import pytest
+
 import apsi_memory as memory
 from apsi_memory import signing
-from apsi_memory.errors import OldEntryWarning
-from apsi_memory.store import encode_key
+from apsi_memory.errors import OldEntryWarning, TamperWarning
+from apsi_memory.store import checkpoint, encode_key
 
 BIG = {"payload": "x" * 40_000}  # over the inline limit: a file of its own
 
@@ -43,3 +46,114 @@ def test_the_mac_binds_every_part_and_the_key():
     assert not signing.mac_verify(key, signature, b"P", b"ske", b"y0123456789abcdef", b"value")  # framed
     big = b"v" * (1 << 20)  # hashed in parts, not joined: the same framing
     assert signing.mac_verify(key, signing.mac(key, b"M", big), b"M", memoryview(big))
+
+
+# -- the index checkpoint: an open replays only the journal's tail, and a checkpoint is only ever a shortcut --------
+
+N = 300
+
+
+@pytest.fixture
+def small_checkpoints(monkeypatch):
+    monkeypatch.setattr(checkpoint, "MIN_RECORDS", 64)  # so a few hundred entries write one
+
+
+def filled(name: str = "t") -> memory.Store:
+    s = memory.store(name)
+    for i in range(N):
+        s.set(f"k{i}", {"i": i})
+    return s
+
+
+def replayed(name: str = "t") -> list[object]:
+    """Keys in recency order as a full replay sees them (the checkpoint moved away for the look)."""
+    path = Path(memory.store(name).folder) / "checkpoint"
+    saved = path.read_bytes()
+    path.unlink()
+    keys = list(memory.store(name))
+    path.write_bytes(saved)
+    return keys
+
+
+def test_a_reopened_store_starts_from_the_checkpoint_and_replays_only_the_tail(home, small_checkpoints):
+    s = filled()
+    s.get("k3")
+    s.flush()
+    assert (Path(s.folder) / "checkpoint").exists()
+    reopened = memory.store("t")
+    assert reopened._journal.since_checkpoint < 64  # the records after the checkpoint, not all N
+    assert list(reopened) == replayed() and len(reopened) == N
+    assert all(reopened[f"k{i}"] == {"i": i} for i in range(N))
+
+
+def test_writes_after_the_checkpoint_are_seen_by_the_next_open(home, small_checkpoints):
+    s = filled()
+    s.delete("k0")
+    s.set("k1", "replaced")
+    s.set("new", 1)
+    reopened = memory.store("t")
+    assert "k0" not in reopened and reopened["k1"] == "replaced" and reopened["new"] == 1
+    assert len(reopened) == N
+
+
+@pytest.mark.parametrize("change", ["clear", "compact"])
+def test_a_checkpoint_of_an_earlier_journal_is_ignored(home, small_checkpoints, change):
+    s = filled()
+    if change == "clear":
+        s.clear()
+        s.set("only", 1)
+    else:
+        for i in range(N // 2):
+            s.delete(f"k{i}")
+        s._compact_if_due(force=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # stale is not tampered: no warning
+        reopened = memory.store("t")
+    assert sorted(map(str, reopened)) == (["only"] if change == "clear" else sorted(f"k{i}" for i in range(N // 2, N)))
+
+
+def test_a_changed_checkpoint_is_ignored_with_a_warning_and_the_journal_replayed(home, small_checkpoints):
+    s = filled()
+    path = Path(s.folder) / "checkpoint"
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.warns(TamperWarning, match="checkpoint: does not verify"):
+        reopened = memory.store("t")
+    assert len(reopened) == N and reopened["k7"] == {"i": 7}
+
+
+def test_a_checkpoint_copied_from_another_store_is_ignored(home, small_checkpoints):
+    filled("a")
+    b = memory.store("b")
+    b.set("mine", 1)
+    (Path(b.folder) / "checkpoint").write_bytes((Path(memory.store("a").folder) / "checkpoint").read_bytes())
+    with pytest.warns(TamperWarning):
+        assert list(memory.store("b")) == ["mine"]
+
+
+def test_a_checkpoint_that_is_a_symbolic_link_is_not_followed(home, small_checkpoints, tmp_path):
+    s = filled()
+    path = Path(s.folder) / "checkpoint"
+    target = tmp_path / "elsewhere"
+    target.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(target)
+    assert len(memory.store("t")) == N  # replayed whole
+
+
+def test_a_failed_checkpoint_write_leaves_the_set_done_and_the_old_checkpoint(home, small_checkpoints, monkeypatch):
+    s = filled()
+    before = (Path(s.folder) / "checkpoint").read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(checkpoint, "write_all", full)
+        for i in range(N):
+            s.set(f"more{i}", i)
+    assert (Path(s.folder) / "checkpoint").read_bytes() == before
+    assert not [p for p in Path(s.folder).iterdir() if p.name.endswith(".tmp")]
+    reopened = memory.store("t")
+    assert len(reopened) == 2 * N and reopened["more7"] == 7

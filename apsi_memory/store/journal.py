@@ -17,6 +17,7 @@ import shutil
 import struct
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import accumulate
@@ -27,6 +28,7 @@ from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_a
 from ..paths import display
 from ..trust import open_file
 from ..units import MiB, fmt_mb
+from . import checkpoint
 from .records import (
     OP_LOST,
     OP_RESET,
@@ -83,6 +85,7 @@ class _Journal:
         self.seen = b""  # the generation counter at the last read_new
         self.lost_tail = False  # the journal was found truncated: its writer appends a CLEAR (see read_new)
         self.pending_touches: list[bytes] = []
+        self.since_checkpoint = 0  # records read or appended since the checkpoint this handle loaded or wrote
         with self.locked():
             size = os.fstat(self.lock_fd).st_size
             self.known = size >= 16  # the lock held counters already: this folder is a store (maybe damaged)
@@ -186,6 +189,7 @@ class _Journal:
                 warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "
                                             "every entry recorded before them reads as a miss"), stacklevel=5)
             self.offset += used
+            self.since_checkpoint += len(found)
             records += found
             if not used:
                 break  # the tail is being appended right now, or was cut short by a crash
@@ -223,10 +227,35 @@ class _Journal:
             raise disk_full(self.folder, len(data))
         starts = [self.offset + end - len(r.value) for end, r in zip(ends, records)]
         self.offset = self.end_seen = self.offset + len(data)
+        self.since_checkpoint += len(records)
         self._bump(end=self.offset)
         self.lost_tail = False
         self.seen = self.counters[:_GENERATION_BYTES]  # this handle was caught up before it appended
         return starts
+
+    def load_checkpoint(self, key: bytes) -> checkpoint.Loaded | None:
+        """Under the lock, before the first ``read_new``: the index up to where the checkpoint covers this journal,
+        and this handle's offset moved there (``read_new`` then reads only the tail), or ``None``."""
+        if self.epoch % 2 or self.offset != len(MAGIC):
+            return None  # a compaction was cut short (the next read finishes it), or this handle read already
+        loaded = checkpoint.load(self.dir_fd, key, self.epoch, self.fd, os.fstat(self.fd).st_size,
+                                 os.path.join(self.folder, checkpoint.NAME))
+        if loaded is not None:
+            self.offset = loaded.upto
+            self.since_checkpoint = 0
+        return loaded
+
+    def checkpoint_if_due(self, key: bytes, index: tuple[OrderedDict[bytes, Entry], int, int]) -> None:
+        """Under the lock, with ``index`` replayed up to ``offset``: write a checkpoint once enough was appended
+        since the last one. Never raises for the disk: a checkpoint only makes the next open faster."""
+        if not checkpoint.due(self.since_checkpoint, len(index[0])):
+            return
+        try:
+            anchor = os.pread(self.fd, checkpoint.ANCHOR_BYTES, self.offset - checkpoint.ANCHOR_BYTES)
+            checkpoint.write(self.dir_fd, key, self.epoch, self.offset, anchor, index, lambda: disk_full(self.folder, 0))
+        except OSError:
+            return  # a full disk: the next write tries again
+        self.since_checkpoint = 0
 
     def take_touches(self) -> list[Record]:
         """The reads remembered since the last write, as one record (recency for the other processes)."""
@@ -312,6 +341,15 @@ class _Journal:
         except BlockingIOError:
             return False
         return True
+
+
+def close_files(journal: _Journal, fds: tuple[int, ...], wait: bool) -> None:
+    """What a store's ``close`` and finalizer run (the finalizer with ``wait=False``: it must never block)."""
+    try:
+        journal.close(wait)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _write_batch(fd: int, batch: list[bytes]) -> int:

@@ -10,9 +10,9 @@ mid-append) is left for the next writer to cut off.
 from __future__ import annotations
 
 import struct
-from zlib import crc32
 from collections.abc import Iterator
 from typing import NamedTuple
+from zlib import crc32
 
 from ..units import MiB
 from .keys import EXT, NAME_BYTES, is_stem

@@ -28,7 +28,7 @@ from ..trust import open_folder
 from ..units import MiB, fmt_mb
 from . import datafiles, forks
 from .codec import OldFormat, Unloadable, _Held, _Tampered, decode, seal_for, to_blob
-from .journal import _Journal, disk_full
+from .journal import _Journal, close_files, disk_full
 from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
 from .tiers import _Index, _RamTier
@@ -45,15 +45,6 @@ COMPACT_MIN_BYTES = 4 * MiB
 # -- the store -----------------------------------------------------------------------------------------------------
 
 _MISSING = object()
-
-
-def _close_files(journal: _Journal, fds: tuple[int, ...], wait: bool) -> None:
-    """What ``close`` and the finalizer run (the finalizer with ``wait=False``: it must never block)."""
-    try:
-        journal.close(wait)
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 class Store:
@@ -85,9 +76,10 @@ class Store:
         self._old_seen = False  # an entry signed the old way was met (warned once per handle)
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
-        self._closer = weakref.finalize(self, _close_files, self._journal, (self._data_fd, self._dir_fd), False)
+        self._closer = weakref.finalize(self, close_files, self._journal, (self._data_fd, self._dir_fd), False)
         forks.track(self)
         with self._lock, self._journal.locked():
+            self._index.restore(self._journal.load_checkpoint(self._seal.store_key))  # then only the tail
             self._catch_up()
             self._compact_if_due()
             self._unlink(self._evict_over_limit(keep=b""))
@@ -112,7 +104,6 @@ class Store:
                 return self._get_from_disk(encoded, default)
             values.move_to_end(encoded)
             self._touch(encoded)
-            # A pickle is loaded on every hit, so callers never share a mutable object (the cheapest deep copy).
             return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
 
     def _get_from_disk(self, key: bytes, default: Any) -> Any:
@@ -233,6 +224,7 @@ class Store:
             if inline:
                 entry = Entry(entry.name, entry.kind, entry.size, value_at)
             self._committed(encoded, entry, blob.ram_value, blob.ram_nbytes)
+            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())
 
     def _committed(self, key: bytes, entry: Entry, ram_value: Any, ram_nbytes: int) -> None:
         """Under both locks, after the SET record is in: index it, then make room. Files no record names any more
@@ -390,7 +382,7 @@ class Store:
         with self._lock:
             self._closed = True
             if self._closer.detach() is not None:
-                _close_files(self._journal, (self._data_fd, self._dir_fd), True)
+                close_files(self._journal, (self._data_fd, self._dir_fd), True)
 
     # -- pressure --
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..decide import eviction_target
+from .checkpoint import Loaded
 from .codec import _Held
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, OP_TOUCH, Entry, Record, unpack_keys
 
@@ -46,6 +47,14 @@ class _Index:
     def clear(self) -> None:
         self.entries.clear()
         self.total = self.inline_total = 0
+
+    def restore(self, loaded: Loaded | None) -> None:
+        """Start from a checkpoint's index (see ``checkpoint.py``), if there is one."""
+        if loaded is not None:
+            self.entries, self.total, self.inline_total = loaded.entries, loaded.total, loaded.inline_total
+
+    def snapshot(self) -> tuple[OrderedDict[bytes, Entry], int, int]:
+        return self.entries, self.total, self.inline_total
 
     def apply(self, record: Record) -> None:
         if record.op == OP_SET and record.entry is not None:
