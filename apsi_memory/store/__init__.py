@@ -1,10 +1,10 @@
 """``memory.store``: a key-value cache with a RAM tier and an SSD tier, safe to share between processes.
 
 The package, by what each module knows: ``keys`` (keys <-> bytes, entry names), ``records`` (the journal's record
-format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``tiers`` (the RAM tier and the SSD
-tier's index, pure), ``checkpoint`` (the index saved, so an open replays only the journal's tail), ``codec`` (values <-> signed ``.npy`` or pickle bytes), ``folders`` (where stores may live)
-and ``store`` (the ``Store`` class joining them). Imports go one way: keys <- records <- codec, tiers, journal
-<- store <- this module.
+format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``checkpoint`` (the index saved, so an
+open replays only the journal's tail), ``tiers`` (the RAM tier and the SSD tier's index, pure), ``codec`` (values
+<-> signed ``.npy`` or pickle bytes), ``folders`` (where stores may live) and ``store`` (the ``Store`` class
+joining them). Imports go one way: keys <- records <- codec, checkpoint <- tiers, journal <- store <- this module.
 
 Theory of operation
 -------------------
