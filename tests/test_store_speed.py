@@ -99,6 +99,8 @@ def test_writes_after_the_checkpoint_are_seen_by_the_next_open(home, small_check
 @pytest.mark.parametrize("change", ["clear", "compact"])
 def test_a_checkpoint_of_an_earlier_journal_is_ignored(home, small_checkpoints, change):
     s = filled()
+    path = Path(s.folder) / "checkpoint"
+    earlier = path.read_bytes()
     if change == "clear":
         s.clear()
         s.set("only", 1)
@@ -106,6 +108,8 @@ def test_a_checkpoint_of_an_earlier_journal_is_ignored(home, small_checkpoints, 
         for i in range(N // 2):
             s.delete(f"k{i}")
         s._compact_if_due(force=True)
+    assert not path.exists()  # removed with the journal it described
+    path.write_bytes(earlier)  # as if a process had been killed before removing it
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # stale is not tampered: no warning
         reopened = memory.store("t")

@@ -285,6 +285,7 @@ class _Journal:
         self._bump(epoch_step=1)
         os.replace(temp, "index", src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         self._bump(epoch_step=1, end=size)
+        unlink_quietly(checkpoint.NAME, self.dir_fd)  # of the old journal: stale now, and its bytes better freed
 
     def empty(self) -> None:
         """Under the lock: the journal back to its magic alone, in place, so ``clear`` needs no free space. The
@@ -292,6 +293,7 @@ class _Journal:
         self._bump(epoch_step=1)
         os.ftruncate(self.fd, len(MAGIC))
         self._bump(epoch_step=1, end=len(MAGIC))
+        unlink_quietly(checkpoint.NAME, self.dir_fd)
         self.lost_tail = False
 
     def _finish_compaction(self) -> None:
