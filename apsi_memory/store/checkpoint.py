@@ -19,7 +19,6 @@ import marshal
 import os
 import stat
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from itertools import repeat
 from typing import NamedTuple
@@ -45,12 +44,12 @@ def due(records_since: int, entries: int) -> bool:
 
 class Loaded(NamedTuple):
     upto: int  # the journal offset the index is replayed to
-    entries: OrderedDict[bytes, Entry]
+    entries: dict[bytes, Entry]
     total: int
     inline_total: int
 
 
-def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: tuple[OrderedDict[bytes, Entry],
+def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: tuple[dict[bytes, Entry],
           int, int], full: Callable[[], DiskFullError]) -> None:
     """Under the journal lock: ``index`` (entries and the two running totals) as replayed up to ``upto``."""
     entries, total, inline_total = index
@@ -82,7 +81,7 @@ def load(dir_fd: int, key: bytes, epoch: int, journal_fd: int, size: int, shown:
     if os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES) != anchor:
         return None
     # tuple.__new__ builds each Entry in C (Entry's own __new__ is a Python function): a third of the time.
-    entries = OrderedDict(zip(keys, map(tuple.__new__, repeat(Entry), zip(*columns))))
+    entries = dict(zip(keys, map(tuple.__new__, repeat(Entry), zip(*columns))))
     return Loaded(upto, entries, total, inline_total)
 
 

@@ -17,7 +17,6 @@ import shutil
 import struct
 import warnings
 import weakref
-from collections import OrderedDict
 from itertools import accumulate
 
 from .._once import fork_hooks
@@ -246,7 +245,7 @@ class _Journal:
             self.since_checkpoint = 0
         return loaded
 
-    def checkpoint_if_due(self, key: bytes, index: tuple[OrderedDict[bytes, Entry], int, int]) -> None:
+    def checkpoint_if_due(self, key: bytes, index: tuple[dict[bytes, Entry], int, int]) -> None:
         """Under the lock, with ``index`` replayed up to ``offset``: write a checkpoint once enough was appended
         since the last one. Never raises for the disk: a checkpoint only makes the next open faster."""
         if self.since_checkpoint < checkpoint.MIN_RECORDS or not checkpoint.due(self.since_checkpoint, len(index[0])):
