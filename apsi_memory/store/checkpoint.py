@@ -15,11 +15,13 @@ checkpoint or the new one, never a torn one.
 
 from __future__ import annotations
 
+import gc
 import marshal
 import os
 import stat
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import repeat
 from typing import NamedTuple
 
@@ -72,17 +74,31 @@ def load(dir_fd: int, key: bytes, epoch: int, journal_fd: int, size: int, shown:
         warnings.warn(TamperWarning(f"{shown}: does not verify (changed outside apsi_memory, or from another store); "
                                     "ignored, the journal is replayed whole"), stacklevel=5)
         return None
-    try:  # signed by us, so our columns; a layout from another version of this module is no checkpoint
-        got_epoch, upto, anchor, total, inline_total, keys, *columns = marshal.loads(body)
-    except (ValueError, TypeError, EOFError):
-        return None
-    if got_epoch != epoch or not ANCHOR_BYTES <= upto <= size:
-        return None  # compacted, cleared or cut since: stale
-    if os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES) != anchor:
-        return None
-    # tuple.__new__ builds each Entry in C (Entry's own __new__ is a Python function): a third of the time.
-    entries = dict(zip(keys, map(tuple.__new__, repeat(Entry), zip(*columns))))
+    with _no_gc():
+        try:  # signed by us, so our columns; a layout from another version of this module is no checkpoint
+            got_epoch, upto, anchor, total, inline_total, keys, *columns = marshal.loads(body)
+        except (ValueError, TypeError, EOFError):
+            return None
+        if got_epoch != epoch or not ANCHOR_BYTES <= upto <= size:
+            return None  # compacted, cleared or cut since: stale
+        if os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES) != anchor:
+            return None
+        # tuple.__new__ builds each Entry in C (Entry's own __new__ is a Python function): a third of the time.
+        entries = dict(zip(keys, map(tuple.__new__, repeat(Entry), zip(*columns))))
     return Loaded(upto, entries, total, inline_total)
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic collector off while the index is built: hundreds of thousands of new tuples would run it
+    hundreds of times over objects that hold no cycles (half the load time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _read(dir_fd: int) -> bytes | None:
