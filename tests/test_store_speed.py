@@ -86,6 +86,14 @@ def test_a_reopened_store_starts_from_the_checkpoint_and_replays_only_the_tail(h
     assert all(reopened[f"k{i}"] == {"i": i} for i in range(N))
 
 
+def test_a_long_journal_without_checkpoint_gets_one_from_its_first_opener(home, small_checkpoints):
+    """A store only ever read (or written by a version without checkpoints) must not replay all of it forever."""
+    path = Path(filled().folder) / "checkpoint"
+    path.unlink()
+    assert memory.store("t")["k5"] == {"i": 5} and path.exists()
+    assert memory.store("t")._journal.since_checkpoint <= 1  # the touch record of that read, after the checkpoint
+
+
 def test_writes_after_the_checkpoint_are_seen_by_the_next_open(home, small_checkpoints):
     s = filled()
     s.delete("k0")

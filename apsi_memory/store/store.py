@@ -83,6 +83,7 @@ class Store:
             self._catch_up()
             self._compact_if_due()
             self._unlink(self._evict_over_limit(keep=b""))
+            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())  # also for read-only users
         self._machine.components.register(self)
 
     def _check_open(self) -> None:
