@@ -94,6 +94,18 @@ def test_a_long_journal_without_checkpoint_gets_one_from_its_first_opener(home, 
     assert memory.store("t")._journal.since_checkpoint <= 1  # the touch record of that read, after the checkpoint
 
 
+def test_a_writer_that_closes_saves_its_tail_so_the_next_open_replays_nothing(home, small_checkpoints):
+    s = memory.store("t")
+    for i in range(1000):  # a checkpoint every 1/8 of the entries: 125 records apart by the end
+        s.set(f"k{i}", i)
+    while s._journal.since_checkpoint < checkpoint.MIN_RECORDS:
+        s.set(f"more{s._journal.since_checkpoint}", 1)
+    s.close()
+    reopened = memory.store("t")
+    assert reopened._journal.since_checkpoint == 0 and len(reopened) == len(replayed())
+    assert reopened["k999"] == 999
+
+
 def test_writes_after_the_checkpoint_are_seen_by_the_next_open(home, small_checkpoints):
     s = filled()
     s.delete("k0")

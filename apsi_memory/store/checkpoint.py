@@ -42,8 +42,9 @@ TAIL_SHARE = 8
 _TAG = b"K"
 
 
-def due(records_since: int, entries: int) -> bool:
-    return records_since >= max(MIN_RECORDS, entries // TAIL_SHARE)
+def due(records_since: int, entries: int, share: int = TAIL_SHARE) -> bool:
+    """Whether a checkpoint is due: ``share`` 0 asks only for ``MIN_RECORDS`` (at close)."""
+    return records_since >= max(MIN_RECORDS, entries // share if share else 0)
 
 
 class Loaded(NamedTuple):

@@ -50,6 +50,8 @@ MAGIC = b"APSISTORE1\n"
 
 
 _TEMP = re.compile(r"index\.[0-9a-f]{12}\.tmp")
+Index = tuple[dict[bytes, Entry], int, int]  # entries and the two running totals (``_Index.snapshot``)
+Saved = tuple[bytes, Index]  # what a checkpoint is made of: the store's key and its index
 
 
 def disk_full(folder: str, needed: int) -> DiskFullError:
@@ -245,10 +247,11 @@ class _Journal:
             self.since_checkpoint = 0
         return loaded
 
-    def checkpoint_if_due(self, key: bytes, index: tuple[dict[bytes, Entry], int, int]) -> None:
+    def checkpoint_if_due(self, key: bytes, index: Index, share: int = checkpoint.TAIL_SHARE) -> None:
         """Under the lock, with ``index`` replayed up to ``offset``: write a checkpoint once enough was appended
-        since the last one. Never raises for the disk: a checkpoint only makes the next open faster."""
-        if self.since_checkpoint < checkpoint.MIN_RECORDS or not checkpoint.due(self.since_checkpoint, len(index[0])):
+        since the last one (``checkpoint.due``). Never raises for the disk: it only makes the next open faster."""
+        if self.since_checkpoint < checkpoint.MIN_RECORDS or not checkpoint.due(self.since_checkpoint,
+                                                                                  len(index[0]), share):
             return  # the first test alone on almost every call
         try:
             anchor = os.pread(self.fd, checkpoint.ANCHOR_BYTES, self.offset - checkpoint.ANCHOR_BYTES)
@@ -314,18 +317,24 @@ class _Journal:
             self.lock_fd = self._open_lock()
             self.holding = False
 
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = True, save: Saved | None = None) -> None:
         """Write remembered reads (so recency survives a restart), then close. Safe to call twice. As a finalizer
         (``wait=False``) it never waits for the lock: the garbage collector may run it on a thread that holds the
-        same folder's lock through another handle, and a blocking ``flock`` there would never return."""
+        same folder's lock through another handle, and a blocking ``flock`` there would never return. With
+        ``save`` (the store's key and index, on an explicit close) a writer that appended at least
+        ``checkpoint.MIN_RECORDS`` records since the last checkpoint saves one, so the next open replays nothing."""
         if self.fd < 0:
             return
         try:
-            if self.pending_touches and self._try_lock(wait):
+            save = save if save is not None and self.since_checkpoint >= checkpoint.MIN_RECORDS else None
+            if (self.pending_touches or save) and self._try_lock(wait):
                 try:
                     self.holding = True
-                    self.read_new()
-                    self.append(self.take_touches())
+                    others = self.read_new()
+                    if self.pending_touches:
+                        self.append(self.take_touches())
+                    if save and not others:  # nobody else appended meanwhile: the index is the journal's
+                        self.checkpoint_if_due(*save, share=0)
                 finally:
                     self.holding = False
                     fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
@@ -345,10 +354,10 @@ class _Journal:
         return True
 
 
-def close_files(journal: _Journal, fds: tuple[int, ...], wait: bool) -> None:
+def close_files(journal: _Journal, fds: tuple[int, ...], wait: bool, save: Saved | None = None) -> None:
     """What a store's ``close`` and finalizer run (the finalizer with ``wait=False``: it must never block)."""
     try:
-        journal.close(wait)
+        journal.close(wait, save)
     finally:
         for fd in fds:
             os.close(fd)

@@ -383,7 +383,8 @@ class Store:
         with self._lock:
             self._closed = True
             if self._closer.detach() is not None:
-                close_files(self._journal, (self._data_fd, self._dir_fd), True)
+                close_files(self._journal, (self._data_fd, self._dir_fd), True,
+                            (self._seal.store_key, self._index.snapshot()))
 
     # -- pressure --
 
