@@ -1,10 +1,10 @@
 """``memory.store``: a key-value cache with a RAM tier and an SSD tier, safe to share between processes.
 
 The package, by what each module knows: ``keys`` (keys <-> bytes, entry names), ``records`` (the journal's record
-format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``tiers`` (the RAM tier and the SSD
-tier's index, pure), ``codec`` (values <-> signed ``.npy`` or pickle bytes), ``folders`` (where stores may live)
-and ``store`` (the ``Store`` class joining them). Imports go one way: keys <- records <- codec, tiers, journal
-<- store <- this module.
+format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``checkpoint`` (the index saved, so an
+open replays only the journal's tail), ``tiers`` (the RAM tier and the SSD tier's index, pure), ``codec`` (values
+<-> signed ``.npy`` or pickle bytes), ``folders`` (where stores may live) and ``store`` (the ``Store`` class
+joining them). Imports go one way: keys <- records <- codec, checkpoint <- tiers, journal <- store <- this module.
 
 Theory of operation
 -------------------
@@ -12,8 +12,9 @@ A store is a folder::
 
     index             append-only journal: what the store holds, and small values themselves
     lock              ``flock`` target; never replaced, so every process locks the same inode
-    data/<token>.npy  an array of more than 16 KiB as a standard .npy file + HMAC trailer (np.load reads it)
-    data/<token>.pkl  a pickled value of more than 16 KiB + HMAC-SHA256 trailer
+    checkpoint        the index as of one journal offset, signed: an open replays only the journal after it
+    data/<token>.npy  an array of more than 16 KiB as a standard .npy file + MAC trailer (np.load reads it)
+    data/<token>.pkl  a pickled value of more than 16 KiB + keyed-BLAKE2b MAC trailer
 
 Values up to 16 KiB (pickled, or a small array in .npy form) are written *inside* their journal record: creating
 a file costs far more than appending to one, and that is what keeps ``set`` cheap. Every value, inline or not, is
@@ -28,6 +29,11 @@ names is an orphan nobody reads (swept later). An entry reads back whole or not 
 size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also
 restores recency without unpickling anything: reads are remembered and written as one ``T`` record with the next
 write (or every 512 reads, or at exit), so a read costs no disk write.
+
+*Checkpoint*: once 4096 records (and 1/8 of the entries) were appended since the last one, or at ``close`` after
+4096, a writer saves the index (``checkpoint.py``: signed, bound to the journal's epoch and the bytes before the
+offset it covers, written to a temp file and renamed); an open loads it and replays the tail only. One that is
+stale, changed or missing is ignored and the journal replayed whole: it is a shortcut, never the truth.
 
 *Compaction*: replaced and deleted inline values stay in the journal as dead bytes until they outweigh the live
 ones (or the store is over its limit on disk); then the journal is rewritten with the live entries only, and a

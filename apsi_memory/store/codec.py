@@ -1,6 +1,6 @@
 """Store values to signed bytes and back: arrays as ``.npy`` bytes, anything else as a pickle, signature last.
 
-Every signature is an HMAC, with a key derived from this user's key and the store's identity (random, made with
+Every signature is a MAC (keyed BLAKE2b, ``signing.mac``), with a key derived from this user's key and the store's identity (random, made with
 the store), over a tag, the entry's key, the entry's version (its random name, new on every ``set``) and the
 value: a file copied from
 another store, an older value of the same key put back (a rollback) or another entry's value swapped in does not
@@ -23,7 +23,7 @@ import numpy.lib.format as npformat
 
 from ..errors import ArgumentTypeError
 from ..fileio import npy_header
-from ..signing import SIGNATURE_BYTES, sign, verify
+from ..signing import SIGNATURE_BYTES, mac, mac_verify, sign, verify
 from .keys import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES
 from .records import Entry
 
@@ -70,13 +70,17 @@ class Unloadable(Exception):
 
 
 def _sign(seal: Seal, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> bytes:
-    return sign(seal.store_key, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts)
+    return mac(seal.store_key, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts)
 
 
 def _check(seal: Seal, signature: bytes, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> None:
-    if verify(seal.store_key, signature, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts):
+    version = stem[:NAME_BYTES].encode("ascii")
+    if mac_verify(seal.store_key, signature, tag, key, version, *parts):
         return
-    if verify(seal.secret, signature, tag, key, *parts):
+    # The two older ways, each still bound to this user's key: HMAC-SHA256 with the store and version, and
+    # before that with the key and bytes only. Such an entry is a miss (never loaded), not an attack.
+    if verify(seal.store_key, signature, tag, key, version, *parts) or verify(seal.secret, signature, tag, key,
+                                                                              *parts):
         raise OldFormat("signed by an older apsi_memory")
     raise _Tampered("signature does not match")
 

@@ -17,8 +17,6 @@ import shutil
 import struct
 import warnings
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import accumulate
 
 from .._once import fork_hooks
@@ -27,6 +25,7 @@ from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_a
 from ..paths import display
 from ..trust import open_file
 from ..units import MiB, fmt_mb
+from . import checkpoint
 from .records import (
     OP_LOST,
     OP_RESET,
@@ -51,6 +50,8 @@ MAGIC = b"APSISTORE1\n"
 
 
 _TEMP = re.compile(r"index\.[0-9a-f]{12}\.tmp")
+Index = tuple[dict[bytes, Entry], int, int]  # entries and the two running totals (``_Index.snapshot``)
+Saved = tuple[bytes, Index]  # what a checkpoint is made of: the store's key and its index
 
 
 def disk_full(folder: str, needed: int) -> DiskFullError:
@@ -83,6 +84,7 @@ class _Journal:
         self.seen = b""  # the generation counter at the last read_new
         self.lost_tail = False  # the journal was found truncated: its writer appends a CLEAR (see read_new)
         self.pending_touches: list[bytes] = []
+        self.since_checkpoint = 0  # records read or appended since the checkpoint this handle loaded or wrote
         with self.locked():
             size = os.fstat(self.lock_fd).st_size
             self.known = size >= 16  # the lock held counters already: this folder is a store (maybe damaged)
@@ -98,15 +100,18 @@ class _Journal:
     def _open_lock(self) -> int:
         return open_file("lock", os.O_RDWR | os.O_CREAT, self.dir_fd, shown=os.path.join(self.folder, "lock"))
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> _Journal:
+        """``with journal.locked():`` holds the exclusive ``flock`` (the journal is its own context manager:
+        a generator-based one costs a microsecond per ``set``)."""
+        return self
+
+    def __enter__(self) -> None:
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         self.holding = True
-        try:
-            yield
-        finally:
-            self.holding = False
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def __exit__(self, *exc: object) -> None:
+        self.holding = False
+        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
 
     def changed(self) -> bool:
         """Whether anyone may have appended since this handle last read (always, while holding the lock)."""
@@ -186,6 +191,7 @@ class _Journal:
                 warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "
                                             "every entry recorded before them reads as a miss"), stacklevel=5)
             self.offset += used
+            self.since_checkpoint += len(found)
             records += found
             if not used:
                 break  # the tail is being appended right now, or was cut short by a crash
@@ -223,10 +229,36 @@ class _Journal:
             raise disk_full(self.folder, len(data))
         starts = [self.offset + end - len(r.value) for end, r in zip(ends, records)]
         self.offset = self.end_seen = self.offset + len(data)
+        self.since_checkpoint += len(records)
         self._bump(end=self.offset)
         self.lost_tail = False
         self.seen = self.counters[:_GENERATION_BYTES]  # this handle was caught up before it appended
         return starts
+
+    def load_checkpoint(self, key: bytes) -> checkpoint.Loaded | None:
+        """Under the lock, before the first ``read_new``: the index up to where the checkpoint covers this journal,
+        and this handle's offset moved there (``read_new`` then reads only the tail), or ``None``."""
+        if self.epoch % 2 or self.offset != len(MAGIC):
+            return None  # a compaction was cut short (the next read finishes it), or this handle read already
+        loaded = checkpoint.load(self.dir_fd, key, self.epoch, self.fd, os.fstat(self.fd).st_size,
+                                 os.path.join(self.folder, checkpoint.NAME))
+        if loaded is not None:
+            self.offset = loaded.upto
+            self.since_checkpoint = 0
+        return loaded
+
+    def checkpoint_if_due(self, key: bytes, index: Index, share: int = checkpoint.TAIL_SHARE) -> None:
+        """Under the lock, with ``index`` replayed up to ``offset``: write a checkpoint once enough was appended
+        since the last one (``checkpoint.due``). Never raises for the disk: it only makes the next open faster."""
+        if self.since_checkpoint < checkpoint.MIN_RECORDS or not checkpoint.due(self.since_checkpoint,
+                                                                                  len(index[0]), share):
+            return  # the first test alone on almost every call
+        try:
+            anchor = os.pread(self.fd, checkpoint.ANCHOR_BYTES, self.offset - checkpoint.ANCHOR_BYTES)
+            checkpoint.write(self.dir_fd, key, self.epoch, self.offset, anchor, index, lambda: disk_full(self.folder, 0))
+        except OSError:
+            return  # a full disk: the next write tries again
+        self.since_checkpoint = 0
 
     def take_touches(self) -> list[Record]:
         """The reads remembered since the last write, as one record (recency for the other processes)."""
@@ -255,6 +287,7 @@ class _Journal:
         self._bump(epoch_step=1)
         os.replace(temp, "index", src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         self._bump(epoch_step=1, end=size)
+        unlink_quietly(checkpoint.NAME, self.dir_fd)  # of the old journal: stale now, and its bytes better freed
 
     def empty(self) -> None:
         """Under the lock: the journal back to its magic alone, in place, so ``clear`` needs no free space. The
@@ -262,6 +295,7 @@ class _Journal:
         self._bump(epoch_step=1)
         os.ftruncate(self.fd, len(MAGIC))
         self._bump(epoch_step=1, end=len(MAGIC))
+        unlink_quietly(checkpoint.NAME, self.dir_fd)
         self.lost_tail = False
 
     def _finish_compaction(self) -> None:
@@ -283,18 +317,24 @@ class _Journal:
             self.lock_fd = self._open_lock()
             self.holding = False
 
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = True, save: Saved | None = None) -> None:
         """Write remembered reads (so recency survives a restart), then close. Safe to call twice. As a finalizer
         (``wait=False``) it never waits for the lock: the garbage collector may run it on a thread that holds the
-        same folder's lock through another handle, and a blocking ``flock`` there would never return."""
+        same folder's lock through another handle, and a blocking ``flock`` there would never return. With
+        ``save`` (the store's key and index, on an explicit close) a writer that appended at least
+        ``checkpoint.MIN_RECORDS`` records since the last checkpoint saves one, so the next open replays nothing."""
         if self.fd < 0:
             return
         try:
-            if self.pending_touches and self._try_lock(wait):
+            save = save if save is not None and self.since_checkpoint >= checkpoint.MIN_RECORDS else None
+            if (self.pending_touches or save) and self._try_lock(wait):
                 try:
                     self.holding = True
-                    self.read_new()
-                    self.append(self.take_touches())
+                    others = self.read_new()
+                    if self.pending_touches:
+                        self.append(self.take_touches())
+                    if save and not others:  # nobody else appended meanwhile: the index is the journal's
+                        self.checkpoint_if_due(*save, share=0)
                 finally:
                     self.holding = False
                     fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
@@ -312,6 +352,15 @@ class _Journal:
         except BlockingIOError:
             return False
         return True
+
+
+def close_files(journal: _Journal, fds: tuple[int, ...], wait: bool, save: Saved | None = None) -> None:
+    """What a store's ``close`` and finalizer run (the finalizer with ``wait=False``: it must never block)."""
+    try:
+        journal.close(wait, save)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _write_batch(fd: int, batch: list[bytes]) -> int:

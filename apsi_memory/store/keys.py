@@ -9,7 +9,6 @@ from disk is used only after ``is_stem``/``is_data_name`` accepted it.
 from __future__ import annotations
 
 import os
-import re
 
 from ..errors import ArgumentTypeError
 
@@ -18,7 +17,7 @@ Key = str | int | bytes
 KIND_PICKLE, KIND_NPY_READ, KIND_NPY_MAP = 0, 1, 2
 EXT = {KIND_PICKLE: ".pkl", KIND_NPY_READ: ".npy", KIND_NPY_MAP: ".npy"}
 NAME_BYTES = 16
-_STEM = re.compile(rb"[0-9a-f]{%d}" % NAME_BYTES)
+_HEX = b"0123456789abcdef"
 
 
 def encode_key(key: Key) -> bytes:
@@ -48,7 +47,7 @@ def new_stem() -> str:
 
 def is_stem(stem: bytes) -> bool:
     """The form ``new_stem`` makes (read back from the journal)."""
-    return bool(_STEM.fullmatch(stem))
+    return len(stem) == NAME_BYTES and not stem.translate(None, _HEX)  # nothing left once the digits are gone
 
 
 def is_data_name(name: str) -> bool:

@@ -10,9 +10,9 @@ mid-append) is left for the next writer to cut off.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterator
 from typing import NamedTuple
+from zlib import crc32
 
 from ..units import MiB
 from .keys import EXT, NAME_BYTES, is_stem
@@ -52,7 +52,7 @@ def pack_record(record: Record) -> bytes:
         meta = OP_SET + _SET.pack(entry.kind, entry.size) + entry.name[:NAME_BYTES].encode("ascii") + record.key
     else:
         meta = record.op + record.key
-    return _FRAME.pack(len(meta), len(record.value), zlib.crc32(meta)) + meta + record.value
+    return _FRAME.pack(len(meta), len(record.value), crc32(meta)) + meta + record.value
 
 
 _KEY_LENGTH = struct.Struct("<I")
@@ -86,7 +86,7 @@ def _record_at(buf: bytes, pos: int, base: int) -> Record | None:
         return None
     meta_len, value_len, crc = _FRAME.unpack_from(buf, pos)
     meta = buf[pos + _FRAME.size:pos + _FRAME.size + meta_len]
-    if meta_len == 0 or meta[:1] not in _OPS or zlib.crc32(meta) != crc:
+    if meta_len == 0 or crc32(meta) != crc:
         return None
     return _record_from(meta, value_len, base + pos + _FRAME.size + meta_len)
 
@@ -103,29 +103,34 @@ def parse_records(buf: bytes, base: int = 0, final: bool = False) -> tuple[list[
     length field was damaged, and parsing resumes at them (a writer never appends after a torn record)."""
     records: list[Record] = []
     damaged: list[tuple[int, int]] = []
-    pos = 0
-    while pos < len(buf):
-        length = record_length(buf, pos)
-        if length is None or pos + length > len(buf):
-            resync = _next_intact(buf, pos, None, base) if final else None
-            if resync is None:
-                break  # incomplete: the tail
-            damaged.append((base + pos, base + resync))
-            records.append(Record(OP_LOST))
-            pos = resync
+    pos, size, frame = 0, len(buf), _FRAME.size
+    while pos + frame <= size:
+        meta_len, value_len, crc = _FRAME.unpack_from(buf, pos)  # the common case inline: replay is this loop
+        meta_at = pos + frame
+        length = frame + meta_len + value_len
+        record = None
+        if pos + length <= size:
+            meta = buf[meta_at:meta_at + meta_len]
+            if meta_len and crc32(meta) == crc:
+                record = _record_from(meta, value_len, base + meta_at + meta_len)
+        if record is not None:
+            records.append(record)
+            pos += length
             continue
-        record = _record_at(buf, pos, base)
-        if record is None:
-            resync = _next_intact(buf, pos, length, base)
-            if resync is None:
-                break
-            damaged.append((base + pos, base + resync))
-            records.append(Record(OP_LOST))
-            pos = resync
-            continue
-        records.append(record)
-        pos += length
+        resync = _resync(buf, pos, length, base, final)
+        if resync is None:
+            break  # incomplete: the tail
+        damaged.append((base + pos, base + resync))
+        records.append(Record(OP_LOST))
+        pos = resync
     return records, pos, damaged
+
+
+def _resync(buf: bytes, pos: int, length: int, base: int, final: bool) -> int | None:
+    """Where parsing resumes after the record at ``pos`` that did not parse, or ``None`` if it is the tail."""
+    if pos + length > len(buf):
+        return _next_intact(buf, pos, None, base) if final else None
+    return _next_intact(buf, pos, length, base)
 
 
 RESYNC_WINDOW = 1 * MiB  # past this much garbage, the rest is treated as a torn tail
@@ -147,7 +152,7 @@ def _record_from(meta: bytes, value_len: int, value_at: int) -> Record | None:
     unknown kind): a name read from disk is never used as a path before this check."""
     op = meta[:1]
     if op != OP_SET:
-        return Record(op, meta[1:])
+        return Record(op, meta[1:]) if op in _OPS else None
     name_at = 1 + _SET.size
     if len(meta) < name_at + NAME_BYTES:
         return None

@@ -28,7 +28,7 @@ from ..trust import open_folder
 from ..units import MiB, fmt_mb
 from . import datafiles, forks
 from .codec import OldFormat, Unloadable, _Held, _Tampered, decode, seal_for, to_blob
-from .journal import _Journal, disk_full
+from .journal import _Journal, close_files, disk_full
 from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
 from .tiers import _Index, _RamTier
@@ -45,15 +45,6 @@ COMPACT_MIN_BYTES = 4 * MiB
 # -- the store -----------------------------------------------------------------------------------------------------
 
 _MISSING = object()
-
-
-def _close_files(journal: _Journal, fds: tuple[int, ...], wait: bool) -> None:
-    """What ``close`` and the finalizer run (the finalizer with ``wait=False``: it must never block)."""
-    try:
-        journal.close(wait)
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 class Store:
@@ -85,12 +76,14 @@ class Store:
         self._old_seen = False  # an entry signed the old way was met (warned once per handle)
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
-        self._closer = weakref.finalize(self, _close_files, self._journal, (self._data_fd, self._dir_fd), False)
+        self._closer = weakref.finalize(self, close_files, self._journal, (self._data_fd, self._dir_fd), False)
         forks.track(self)
         with self._lock, self._journal.locked():
+            self._index.restore(self._journal.load_checkpoint(self._seal.store_key))  # then only the tail
             self._catch_up()
             self._compact_if_due()
             self._unlink(self._evict_over_limit(keep=b""))
+            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())  # also for read-only users
         self._machine.components.register(self)
 
     def _check_open(self) -> None:
@@ -100,15 +93,19 @@ class Store:
     # -- reading --
 
     def get(self, key: Key, default: Any = None) -> Any:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         encoded = encode_key(key)
         with self._lock:
-            self._catch_up()
-            held = self._ram.get(encoded)
-            if held is not None:
-                self._touch(encoded)
-                return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
-            return self._get_from_disk(encoded, default)
+            if self._journal.changed():  # a memory read; only another process's write costs more
+                self._catch_up()
+            values = self._ram.values
+            held = values.get(encoded)
+            if held is None:
+                return self._get_from_disk(encoded, default)
+            values.move_to_end(encoded)
+            self._touch(encoded)
+            return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
 
     def _get_from_disk(self, key: bytes, default: Any) -> Any:
         for _ in range(2):  # a second look if another process replaced or evicted the file meanwhile
@@ -228,6 +225,7 @@ class Store:
             if inline:
                 entry = Entry(entry.name, entry.kind, entry.size, value_at)
             self._committed(encoded, entry, blob.ram_value, blob.ram_nbytes)
+            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())
 
     def _committed(self, key: bytes, entry: Entry, ram_value: Any, ram_nbytes: int) -> None:
         """Under both locks, after the SET record is in: index it, then make room. Files no record names any more
@@ -339,8 +337,9 @@ class Store:
 
     def _touch(self, key: bytes) -> None:
         self._index.touch(key)
-        self._journal.pending_touches.append(key)
-        if len(self._journal.pending_touches) >= TOUCH_BATCH:
+        pending = self._journal.pending_touches
+        pending.append(key)
+        if len(pending) >= TOUCH_BATCH:
             self.flush()
 
     def _compact_if_due(self, keep: bytes = b"", force: bool = False) -> None:
@@ -384,7 +383,8 @@ class Store:
         with self._lock:
             self._closed = True
             if self._closer.detach() is not None:
-                _close_files(self._journal, (self._data_fd, self._dir_fd), True)
+                close_files(self._journal, (self._data_fd, self._dir_fd), True,
+                            (self._seal.store_key, self._index.snapshot()))
 
     # -- pressure --
 

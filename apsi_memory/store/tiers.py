@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..decide import eviction_target
+from .checkpoint import Loaded
 from .codec import _Held
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, OP_TOUCH, Entry, Record, unpack_keys
 
@@ -16,7 +17,8 @@ class _Index:
     """Every entry on the SSD in recency order (least recent first), with running totals of their sizes."""
 
     def __init__(self) -> None:
-        self.entries: OrderedDict[bytes, Entry] = OrderedDict()
+        # A plain dict keeps insertion order too, and builds from a checkpoint in 3/4 of an OrderedDict's time.
+        self.entries: dict[bytes, Entry] = {}
         self.total = 0
         self.inline_total = 0  # the part of ``total`` that lives inside the journal
 
@@ -38,12 +40,22 @@ class _Index:
         return old
 
     def touch(self, key: bytes) -> None:
-        if key in self.entries:
-            self.entries.move_to_end(key)
+        try:
+            self.entries[key] = self.entries.pop(key)  # to the end: most recently used
+        except KeyError:
+            pass  # removed meanwhile (a touch record may name a key deleted since)
 
     def clear(self) -> None:
         self.entries.clear()
         self.total = self.inline_total = 0
+
+    def restore(self, loaded: Loaded | None) -> None:
+        """Start from a checkpoint's index (see ``checkpoint.py``), if there is one."""
+        if loaded is not None:
+            self.entries, self.total, self.inline_total = loaded.entries, loaded.total, loaded.inline_total
+
+    def snapshot(self) -> tuple[dict[bytes, Entry], int, int]:
+        return self.entries, self.total, self.inline_total
 
     def apply(self, record: Record) -> None:
         if record.op == OP_SET and record.entry is not None:
