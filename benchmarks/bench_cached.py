@@ -9,7 +9,6 @@ A table of medians and each figure's speed against joblib's prints at the end (`
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.hashing import array_digest
+from benchmarks import private_home
 
 CALLS = 1000
 results: dict[tuple[str, str], float] = {}
@@ -26,12 +26,8 @@ results: dict[tuple[str, str], float] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def environment(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    home = tmp_path_factory.mktemp("home")
-    saved = {k: os.environ.get(k) for k in ("APSI_HOME", "APSI_STORE_DIR")}
-    os.environ["APSI_HOME"], os.environ["APSI_STORE_DIR"] = str(home), str(home / "stores")
-    yield home
-    for k, v in saved.items():
-        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with private_home(tmp_path_factory) as home:
+        yield home
     print_table()
 
 

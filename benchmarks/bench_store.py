@@ -29,6 +29,7 @@ import pytest
 import zict
 
 import apsi_memory as memory
+from benchmarks import private_home
 
 RAM_MB = 256
 KINDS: dict[str, Callable[[int], Any]] = {
@@ -92,12 +93,8 @@ results: dict[tuple[str, int, str, str], float] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def environment(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    home = tmp_path_factory.mktemp("home")
-    saved = {k: os.environ.get(k) for k in ("APSI_HOME", "APSI_STORE_DIR")}
-    os.environ["APSI_HOME"], os.environ["APSI_STORE_DIR"] = str(home), str(home / "stores")
-    yield
-    for k, v in saved.items():
-        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with private_home(tmp_path_factory):
+        yield
     print_table()
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks import private_home
 from benchmarks.bench_store import Apsi, DiskCache
 
 lmdb = pytest.importorskip("lmdb", reason="the peers are in the bench extra: pip install '.[bench]'")
@@ -97,12 +98,8 @@ MAKERS: dict[str, Any] = {"memory.store": Apsi, "lmdb": Lmdb, "diskcache": DiskC
 
 @pytest.fixture(scope="module", autouse=True)
 def environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    home = tmp_path_factory.mktemp("home")
-    saved = {k: os.environ.get(k) for k in ("APSI_HOME", "APSI_STORE_DIR")}
-    os.environ["APSI_HOME"], os.environ["APSI_STORE_DIR"] = str(home), str(home / "stores")
-    yield
-    for k, v in saved.items():
-        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with private_home(tmp_path_factory):
+        yield
     print_table()
 
 
