@@ -262,18 +262,31 @@ def test_an_entry_copied_from_another_store_is_refused(home):
         assert fresh("b").get("k") is None
 
 
-def test_entries_signed_the_old_way_are_misses_with_one_warning(home):
+# Signatures of earlier versions of the library, over a value file's payload: each must read as a miss with one
+# OldEntryWarning (never an error) and be removed.
+OLD_SIGNATURES = {
+    "user key, no store id or version (before issue 9)":
+        lambda s, key, path, payload: signing.sign(signing.user_key(), b"P", encode_key(key), payload),
+    "HMAC-SHA256 with the store key (before keyed BLAKE2b)":
+        lambda s, key, path, payload: signing.sign(s._seal.store_key, b"P", encode_key(key),
+                                                   path.name[:16].encode(), payload),
+}
+
+
+@pytest.mark.parametrize("forge", OLD_SIGNATURES.values(), ids=OLD_SIGNATURES.keys())
+def test_entries_signed_the_old_way_are_misses_with_one_warning(home, forge):
     s = memory.store("t")
     for key in ("x", "y"):
         s.set(key, BIG)
         path = data_path(s, key)
         payload = path.read_bytes()[:-32]
-        path.write_bytes(payload + signing.sign(signing.user_key(), b"P", encode_key(key), payload))
+        path.write_bytes(payload + forge(s, key, path, payload))
     reader = fresh()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert reader.get("x") is None and reader.get("y") is None
     assert [type(w.message) for w in caught] == [OldEntryWarning]
+    assert "x" not in memory.store("t")
 
 
 def test_an_evil_pickle_signed_the_old_way_is_never_run(home):
