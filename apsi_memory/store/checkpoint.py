@@ -20,7 +20,7 @@ import os
 import stat
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from struct import Struct
 from typing import NamedTuple, Protocol
 
@@ -48,11 +48,12 @@ def due(records_since: int, entries: int, share: int = TAIL_SHARE) -> bool:
 
 
 class Index(Protocol):
-    """What a checkpoint is written from: every entry in recency order (``_Index`` or a plain dict)."""
+    """What a checkpoint is written from (``_Index``): how many entries, and all of them in recency order."""
 
     def __len__(self) -> int: ...
 
-    def items(self) -> Iterable[tuple[bytes, Entry]]: ...
+    @property
+    def entries(self) -> dict[bytes, Entry]: ...
 
 
 class Loaded(NamedTuple):
@@ -65,8 +66,8 @@ class Loaded(NamedTuple):
 def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: tuple[Index, int, int],
           full: Callable[[], DiskFullError]) -> None:
     """Under the journal lock: ``index`` (entries and the two running totals) as replayed up to ``upto``."""
-    entries, total, inline_total = index
-    n, columns = rows.pack(entries.items())
+    whole, total, inline_total = index
+    n, columns = rows.pack(whole.entries)
     body = _HEADER.pack(epoch, upto, anchor, total, inline_total, n) + columns
     temp = f"index.{os.urandom(6).hex()}.tmp"
     with new_file(temp, full, dir_fd) as fd:

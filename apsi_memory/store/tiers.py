@@ -5,7 +5,6 @@ See the package docstring."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
 
 from ..decide import eviction_target
 from .checkpoint import Loaded
@@ -52,9 +51,6 @@ class _Index:
 
     def __len__(self) -> int:
         return len(self._changes) + (len(self._base) - len(self._gone) if self._base is not None else 0)
-
-    def items(self) -> Iterable[tuple[bytes, Entry]]:
-        return self.entries.items()
 
     def _count(self, entry: Entry, sign_: int) -> None:
         self.total += sign_ * entry.size
