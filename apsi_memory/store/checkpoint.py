@@ -81,7 +81,8 @@ def load(dir_fd: int, key: bytes, epoch: int, journal_fd: int, size: int, shown:
     content = _read(dir_fd)
     if content is None or content[:len(MAGIC)] != MAGIC or sys.byteorder != "little":
         return None  # rows are read in place as native numbers: little-endian only (elsewhere: replayed whole)
-    signature, body = content[len(MAGIC):len(MAGIC) + SIGNATURE_BYTES], content[len(MAGIC) + SIGNATURE_BYTES:]
+    signature = content[len(MAGIC):len(MAGIC) + SIGNATURE_BYTES]
+    body = memoryview(content)[len(MAGIC) + SIGNATURE_BYTES:]  # not copied: a read in place, once verified
     if not mac_verify(key, signature, _TAG, body):
         warnings.warn(TamperWarning(f"{shown}: does not verify (changed outside apsi_memory, or from another store); "
                                     "ignored, the journal is replayed whole"), stacklevel=5)
@@ -93,7 +94,7 @@ def load(dir_fd: int, key: bytes, epoch: int, journal_fd: int, size: int, shown:
         return None  # compacted, cleared or cut since: stale
     if os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES) != anchor:
         return None
-    columns = memoryview(body)[_HEADER.size:]
+    columns = body[_HEADER.size:]
     if not rows.fits(n, columns):
         return None  # signed by us, so our columns; lengths that disagree are no checkpoint
     return Loaded(upto, rows.Rows(n, columns), total, inline_total)
