@@ -32,8 +32,10 @@ write (or every 512 reads, or at exit), so a read costs no disk write.
 
 *Checkpoint*: once 4096 records (and 1/8 of the entries) were appended since the last one, or at ``close`` after
 4096, a writer saves the index (``checkpoint.py``: signed, bound to the journal's epoch and the bytes before the
-offset it covers, written to a temp file and renamed); an open loads it and replays the tail only. One that is
-stale, changed or missing is ignored and the journal replayed whole: it is a shortcut, never the truth.
+offset it covers, written to a temp file and renamed); an open verifies it, looks keys up in its fixed-width rows
+in place (``rows.py``: no dict of every entry is built until whole-index order is wanted) and replays the tail
+only. One that is stale, changed, of an earlier layout or missing is ignored and the journal replayed whole: it is
+a shortcut, never the truth.
 
 *Compaction*: replaced and deleted inline values stay in the journal as dead bytes until they outweigh the live
 ones (or the store is over its limit on disk); then the journal is rewritten with the live entries only, and a

@@ -1,12 +1,13 @@
 """The index checkpoint: the SSD tier's index as it stood at one point of the journal, signed, so that opening a
 store replays only the records written after it instead of the whole journal.
 
-``checkpoint`` holds the index in recency order (keys, names, kinds, sizes, inline offsets, as ``marshal`` columns)
-with the journal's epoch and the offset it covers, plus the 32 bytes of the journal just before that offset (the
-anchor). It is signed like a value (``signing.mac`` with the store's key), and it is only ever an accelerator: one
+``checkpoint`` holds the index in recency order (keys, names, kinds, sizes, inline offsets, as the fixed-width
+columns of ``rows.py``, looked up in place: an open builds no dict of every entry) with the journal's epoch and the
+offset it covers, plus the 32 bytes of the journal just before that offset (the anchor). It is signed like a value (``signing.mac`` with the store's key), and it is only ever an accelerator: one
 that is missing, of another epoch (the journal was compacted or cleared since), past the journal's end, anchored
 to other bytes, or not verifying is ignored (the last with a ``TamperWarning``) and the journal is replayed whole,
-as before. Nothing in it is read before its signature checks out, and ``marshal`` (not ``pickle``) cannot run code.
+as before; so is one of the earlier ``marshal`` layout (another magic). Nothing in it is read before its signature
+checks out, and nothing in it is unpickled.
 
 It is written under the journal lock to a fresh temp file (the compaction's ``index.<hex>.tmp`` form, so a writer
 killed mid-way leaves a temp that the next compaction removes) and renamed over the old one: a reader sees the old
@@ -15,24 +16,22 @@ checkpoint or the new one, never a torn one.
 
 from __future__ import annotations
 
-import gc
-import marshal
 import os
 import stat
+import sys
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from itertools import repeat
-from operator import itemgetter
-from typing import NamedTuple
+from collections.abc import Callable
+from struct import Struct
+from typing import NamedTuple, Protocol
 
 from ..errors import DiskFullError, TamperWarning
 from ..fileio import new_file, write_all
 from ..signing import SIGNATURE_BYTES, mac, mac_verify
+from . import rows
 from .records import Entry
 
 NAME = "checkpoint"
-MAGIC = b"APSICKPT1\n"
+MAGIC = b"APSICKPT2\n"  # APSICKPT1 (marshal columns) is another magic: ignored, the journal replayed whole
 ANCHOR_BYTES = 32
 # A checkpoint is written once this many records were appended since the last one, and at least 1/8 of the
 # entries: opening replays at most that tail, and the rewrite costs O(1) per record appended (a checkpoint of
@@ -40,6 +39,7 @@ ANCHOR_BYTES = 32
 MIN_RECORDS = 4096
 TAIL_SHARE = 8
 _TAG = b"K"
+_HEADER = Struct(f"<qq{ANCHOR_BYTES}sqqq")  # epoch, upto, anchor, total, inline total, rows
 
 
 def due(records_since: int, entries: int, share: int = TAIL_SHARE) -> bool:
@@ -47,21 +47,28 @@ def due(records_since: int, entries: int, share: int = TAIL_SHARE) -> bool:
     return records_since >= max(MIN_RECORDS, entries // share if share else 0)
 
 
+class Index(Protocol):
+    """What a checkpoint is written from (``_Index``): how many entries, and all of them in recency order."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def entries(self) -> dict[bytes, Entry]: ...
+
+
 class Loaded(NamedTuple):
     upto: int  # the journal offset the index is replayed to
-    entries: dict[bytes, Entry]
+    rows: rows.Rows
     total: int
     inline_total: int
 
 
-def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: tuple[dict[bytes, Entry],
-          int, int], full: Callable[[], DiskFullError]) -> None:
+def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: tuple[Index, int, int],
+          full: Callable[[], DiskFullError]) -> None:
     """Under the journal lock: ``index`` (entries and the two running totals) as replayed up to ``upto``."""
-    entries, total, inline_total = index
-    values = list(entries.values())
-    columns = tuple(list(map(itemgetter(field), values)) for field in range(len(Entry._fields)))
-    # Version 2: no back-references, so dumping does no lookup per object (twice as fast as 4; loads the same).
-    body = marshal.dumps((epoch, upto, anchor, total, inline_total, list(entries)) + columns, 2)
+    whole, total, inline_total = index
+    n, columns = rows.pack(whole.entries)
+    body = _HEADER.pack(epoch, upto, anchor, total, inline_total, n) + columns
     temp = f"index.{os.urandom(6).hex()}.tmp"
     with new_file(temp, full, dir_fd) as fd:
         write_all(fd, MAGIC + mac(key, _TAG, body) + body)
@@ -72,38 +79,25 @@ def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: 
 def load(dir_fd: int, key: bytes, epoch: int, journal_fd: int, size: int, shown: str) -> Loaded | None:
     """The offset the checkpoint covers and the index up to there, or ``None`` when it cannot serve this journal."""
     content = _read(dir_fd)
-    if content is None or content[:len(MAGIC)] != MAGIC:
-        return None
-    signature, body = content[len(MAGIC):len(MAGIC) + SIGNATURE_BYTES], content[len(MAGIC) + SIGNATURE_BYTES:]
+    if content is None or content[:len(MAGIC)] != MAGIC or sys.byteorder != "little":
+        return None  # rows are read in place as native numbers: little-endian only (elsewhere: replayed whole)
+    signature = content[len(MAGIC):len(MAGIC) + SIGNATURE_BYTES]
+    body = memoryview(content)[len(MAGIC) + SIGNATURE_BYTES:]  # not copied: a read in place, once verified
     if not mac_verify(key, signature, _TAG, body):
         warnings.warn(TamperWarning(f"{shown}: does not verify (changed outside apsi_memory, or from another store); "
                                     "ignored, the journal is replayed whole"), stacklevel=5)
         return None
-    with _no_gc():
-        try:  # signed by us, so our columns; a layout from another version of this module is no checkpoint
-            got_epoch, upto, anchor, total, inline_total, keys, *columns = marshal.loads(body)
-        except (ValueError, TypeError, EOFError):
-            return None
-        if got_epoch != epoch or not ANCHOR_BYTES <= upto <= size:
-            return None  # compacted, cleared or cut since: stale
-        if os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES) != anchor:
-            return None
-        # tuple.__new__ builds each Entry in C (Entry's own __new__ is a Python function): a third of the time.
-        entries = dict(zip(keys, map(tuple.__new__, repeat(Entry), zip(*columns))))
-    return Loaded(upto, entries, total, inline_total)
-
-
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic collector off while the index is built: hundreds of thousands of new tuples would run it
-    hundreds of times over objects that hold no cycles (half the load time)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+    if len(body) < _HEADER.size:
+        return None
+    got_epoch, upto, anchor, total, inline_total, n = _HEADER.unpack_from(body)
+    if got_epoch != epoch or not ANCHOR_BYTES <= upto <= size:
+        return None  # compacted, cleared or cut since: stale
+    if os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES) != anchor:
+        return None
+    columns = body[_HEADER.size:]
+    if not rows.fits(n, columns):
+        return None  # signed by us, so our columns; lengths that disagree are no checkpoint
+    return Loaded(upto, rows.Rows(n, columns), total, inline_total)
 
 
 def _read(dir_fd: int) -> bytes | None:

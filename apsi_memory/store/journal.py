@@ -50,7 +50,7 @@ MAGIC = b"APSISTORE1\n"
 
 
 _TEMP = re.compile(r"index\.[0-9a-f]{12}\.tmp")
-Index = tuple[dict[bytes, Entry], int, int]  # entries and the two running totals (``_Index.snapshot``)
+Index = tuple[checkpoint.Index, int, int]  # entries and the two running totals (``_Index.snapshot``)
 Saved = tuple[bytes, Index]  # what a checkpoint is made of: the store's key and its index
 
 

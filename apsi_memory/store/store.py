@@ -109,14 +109,14 @@ class Store:
 
     def _get_from_disk(self, key: bytes, default: Any) -> Any:
         for _ in range(2):  # a second look if another process replaced or evicted the file meanwhile
-            entry = self._index.entries.get(key)
+            entry = self._index.get(key)
             if entry is None:
                 return default
             try:
                 value, held = self._load(key, entry)
             except (FileNotFoundError, _Tampered, Unloadable) as err:
                 self._catch_up()
-                if self._index.entries.get(key) != entry:
+                if self._index.get(key) != entry:
                     continue  # replaced, removed or compacted away meanwhile: not damage
                 self._unreadable(key, entry, err)
                 return default
@@ -158,7 +158,7 @@ class Store:
         try:
             with self._journal.locked():
                 self._catch_up()
-                if self._index.entries.get(key) == entry:
+                if self._index.get(key) == entry:
                     self._append([Record(OP_DEL, key)])
                     self._index.remove(key)
                     self._unlink([entry])
@@ -176,13 +176,13 @@ class Store:
         encoded = encode_key(key)  # type: ignore[arg-type]
         with self._lock:
             self._catch_up()
-            return encoded in self._index.entries
+            return encoded in self._index
 
     def __len__(self) -> int:
         self._check_open()
         with self._lock:
             self._catch_up()
-            return len(self._index.entries)
+            return len(self._index)
 
     def __iter__(self) -> Iterator[Key]:
         """Keys, least recently used first (a snapshot: changing the store while iterating is fine)."""
@@ -272,7 +272,7 @@ class Store:
         encoded = encode_key(key)
         with self._lock, self._journal.locked():
             self._catch_up()
-            entry = self._index.entries.get(encoded)
+            entry = self._index.get(encoded)
             if entry is None:
                 return False
             try:
@@ -321,7 +321,7 @@ class Store:
                     self._ram.drop(record.key)  # another process replaced or removed it
         if reset:  # compacted: keep the RAM values whose entry survived unchanged
             for key, held in list(self._ram.values.items()):
-                entry = self._index.entries.get(key)
+                entry = self._index.get(key)
                 if entry is None or entry.name != held.name:
                     self._ram.drop(key)
         if self._journal.lost_tail:
@@ -418,6 +418,6 @@ class Store:
         with self._lock:
             self._catch_up()
             return (f"<store {self.label}: {len(self._ram.values)} in RAM ({fmt_mb(self._ram.total)}), "
-                    f"{len(self._index.entries)} on SSD ({fmt_mb(self._index.total)})>")
+                    f"{len(self._index)} on SSD ({fmt_mb(self._index.total)})>")
 
     __repr__ = __str__
