@@ -89,7 +89,7 @@ def test_stores_lists_entries_and_bytes_and_clean_store_clears_one(tmp_path: Pat
     assert len(memory.store("emb")) == 0 and len(memory.store("kept")) == 1
 
 
-def test_a_damaged_store_is_listed_with_its_problem_and_clearing_it_keeps_the_damaged_index_aside(
+def test_a_damaged_store_is_listed_with_its_problem_and_the_others_still_counted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APSI_STORE_DIR", str(tmp_path / "stores"))
     memory.store("good").set("a", 1)
@@ -98,10 +98,9 @@ def test_a_damaged_store_is_listed_with_its_problem_and_clearing_it_keeps_the_da
     listed = {s.name: s for s in inventory.stores()}
     assert listed["good"].entries == 1 and listed["bad"].entries is None
     assert "wrong magic" in (listed["bad"].problem or "") and "wrong magic" in str(listed["bad"])
-    result = run("clean", "--store", "bad")  # clearing repairs (issue 9 item 11): the damaged index is kept aside
-    kept = list((tmp_path / "stores" / "bad").glob("index.damaged.*"))
-    assert result.returncode == 0 and len(kept) == 1 and kept[0].read_bytes() == b"not a journal"
-    assert f"moved aside to {kept[0]}" in result.stderr and "cleared store bad: 0 entries" in result.stdout
+    result = run("clean", "--store", "bad")  # a folder that never was a store: refused, every time, untouched
+    assert result.returncode == 1 and "cannot be opened" in result.stderr and "wrong magic" in result.stderr
+    assert [p.name for p in (tmp_path / "stores" / "bad").iterdir()] == ["index"]
 
 
 def test_clean_store_names_a_bad_name_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

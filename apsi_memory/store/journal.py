@@ -136,6 +136,9 @@ class _Journal:
                 with self.locked():
                     return self._open()
             if head and not self.known:
+                # The lock this open made would mark the folder as a store: the next open would move the foreign
+                # file aside instead of refusing it. Take it back, so every open gives the same answer.
+                os.unlink("lock", dir_fd=self.dir_fd)
                 raise CorruptFileError(self.path, "not an apsi_memory store index (wrong magic)")
             if head:
                 self._move_aside()

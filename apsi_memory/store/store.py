@@ -63,12 +63,16 @@ class Store:
         secret = user_key()
         self._data = os.path.join(folder, "data")
         self._dir_fd = open_folder(folder)  # every file operation is relative to these two (never a path)
-        try:
+        journal: _Journal | None = None
+        try:  # the journal first: it refuses a folder that is not a store before anything is made there
+            journal = _Journal(folder, self._dir_fd)
             self._data_fd = open_folder("data", self._dir_fd, shown=self._data)
-            self._journal = _Journal(folder, self._dir_fd)
         except BaseException:
+            if journal is not None:
+                journal.close(wait=False)
             os.close(self._dir_fd)
             raise
+        self._journal = journal
         self._seal = seal_for(secret, self._journal.ident)
         self._lock = threading.RLock()
         self._fork_held = False
