@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import queue
 import threading
 import weakref
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ._once import fork_hooks
 from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
 from .decide import Level
 from .errors import ArgumentTypeError, PoolError
@@ -123,7 +123,6 @@ class _Clearer:
 
     def __init__(self) -> None:
         self._start_over()
-        self._forks_hooked = False
 
     def _start_over(self) -> None:
         self._work: queue.SimpleQueue[tuple[weakref.ref[Pool], _Buffer]] = queue.SimpleQueue()
@@ -166,20 +165,12 @@ class _Clearer:
                     self._pending -= 1
                     self._idle.notify_all()
 
-
     def after_fork_in_child(self) -> None:
         """The thread does not exist in a forked child, but ``_thread`` (and maybe the lock, taken, and a count of
         buffers it never cleared here) came along: start over, so the child's first give starts its own thread
         instead of never clearing again. Buffers queued in the parent stay unclean in the child, which only costs
         a fresh buffer instead of a spare."""
-        self._start_over()  # the fork hook stays registered
-
-    def hook_forks(self) -> None:
-        """Register the fork hook once, when the first pool is made (not at import)."""
-        with self._lock:
-            if not self._forks_hooked:
-                os.register_at_fork(after_in_child=_after_fork_in_child)
-                self._forks_hooked = True
+        self._start_over()
 
 
 _clearer = _Clearer()
@@ -190,6 +181,9 @@ def _after_fork_in_child() -> None:
     _clearer.after_fork_in_child()
     for pool_ in list(_pools):
         pool_._after_fork_in_child()
+
+
+_hook_forks = fork_hooks(after_in_child=_after_fork_in_child)  # called when the first pool is made, not at import
 
 
 # -- the pool ----------------------------------------------------------------------------------------------------
@@ -207,7 +201,7 @@ class Pool:
         self._wants_zero = False
         self._lock = threading.Lock()
         _pools.add(self)
-        _clearer.hook_forks()
+        _hook_forks()
         self._machine.components.register(self)
 
     def _after_fork_in_child(self) -> None:
