@@ -160,6 +160,17 @@ def evicting_writer(count: int, seed: int, results: multiprocessing.Queue) -> No
     results.put(failures)
 
 
+def assert_no_failure_within_the_limit(who: str, failures: list[str], peak: PeakDisk, writers: int) -> None:
+    """The figure of a many-writers run, printed, then held: no spurious exception, and the disk never past
+    ``disk_gb`` plus one file value in flight per writer (+ the lock file)."""
+    most = peak.done()
+    in_flight = writers * FILE_VALUE_BYTES
+    print(f"\n{who}: spurious exceptions {len(failures)}, peak disk {most} B = {most / LIMIT:.2f} x disk_gb "
+          f"({peak.samples} samples), allowed {LIMIT} + {in_flight} in flight")
+    assert failures == []
+    assert most <= LIMIT + in_flight + 4096
+
+
 def test_four_processes_of_3000_sets_with_eviction_raise_nothing_and_stay_within_the_limit(home):
     processes, sets = 4, 3000
     folder = os.path.join(home / "stores", "evicting")
@@ -172,13 +183,8 @@ def test_four_processes_of_3000_sets_with_eviction_raise_nothing_and_stay_within
     failures = [failure for _ in writers for failure in results.get(timeout=300)]
     for writer in writers:
         writer.join(timeout=60)
-    most = peak.done()
-    in_flight = processes * FILE_VALUE_BYTES
-    print(f"\n{processes} processes x {sets} sets: spurious exceptions {len(failures)}, peak disk {most} B "
-          f"= {most / LIMIT:.2f} x disk_gb ({peak.samples} samples), allowed {LIMIT} + {in_flight} in flight")
-    assert failures == []
+    assert_no_failure_within_the_limit(f"{processes} processes x {sets} sets", failures, peak, processes)
     assert [w.exitcode for w in writers] == [0] * processes
-    assert most <= LIMIT + in_flight + 4096  # + the lock file
 
 
 def test_twelve_threads_with_eviction_raise_nothing_and_stay_within_the_limit(home):
@@ -202,12 +208,7 @@ def test_twelve_threads_with_eviction_raise_nothing_and_stay_within_the_limit(ho
         worker.start()
     for worker in workers:
         worker.join(timeout=300)
-    most = peak.done()
-    in_flight = threads * FILE_VALUE_BYTES
-    print(f"\n{threads} threads x {sets} sets: spurious exceptions {len(failures)}, peak disk {most} B "
-          f"= {most / LIMIT:.2f} x disk_gb, allowed {LIMIT} + {in_flight} in flight")
-    assert failures == []
-    assert most <= LIMIT + in_flight + 4096
+    assert_no_failure_within_the_limit(f"{threads} threads x {sets} sets", failures, peak, threads)
 
 
 # -- forks while another thread uses the store and the pool --------------------------------------------------
