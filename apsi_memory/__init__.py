@@ -15,8 +15,8 @@ Theory of operation
   machines under a temporary root for them, and has a clock the tests move.
 * ``machinery.Machine`` holds what the library keeps about the machine: its root and clock, the budget, the
   RAM ``ledger``, the ``levels`` tracker (re-measured at most twice a second on allocation paths) and the
-  components that hear of a level change (``reactions`` reaches them: shrink at ``high``, empty at ``critical``,
-  grow back at ``ok``, give RAM back on ``relieve``). ``machine()`` is the process's; ``with m.use():`` installs
+  components (``levels.Components``) that hear of a level change: shrink at ``high``, empty at ``critical``,
+  grow back at ``ok``, give RAM back on ``relieve``. ``machine()`` is the process's; ``with m.use():`` installs
   another (``sim.machine(tree)`` in tests). ``measure`` + ``readings`` make its readings.
 * ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
   (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` (streaming larger than RAM, on ``blocks``, ``pages``,

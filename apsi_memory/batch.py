@@ -21,7 +21,7 @@ we do not, because that error also means a genuinely unsupported input and halvi
 Between tries, in this order: the exception is dropped, garbage is collected, then the GPU caches of frameworks
 the program already imported are emptied (``torch.cuda.empty_cache``, CuPy's device and pinned pools) — a pool
 gives back its own cache before it fails, but not another framework's — and after a CPU out-of-memory the
-registered pools and stores give cached RAM back (``reactions.relieve_components``).
+registered pools and stores give cached RAM back (``machine().components.relieve()``).
 
 The retry happens *outside* the ``except`` block. The exception's traceback references the frames of ``fn`` and
 through them every tensor ``fn`` had allocated; retrying while it is alive (inside ``except``, or while a variable
@@ -43,7 +43,7 @@ from typing import Generic, TypeVar
 
 from .decide import halve_batch
 from .errors import ArgumentError, ArgumentTypeError, BatchTooSmallError, BlockError
-from .reactions import relieve_components
+from .machinery import machine
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _give_memory_back(kind: Oom) -> None:
     gc.collect()  # tensors caught in reference cycles first, so the caches below can return their blocks
     _empty_gpu_caches()
     if kind is Oom.CPU:
-        relieve_components()
+        machine().components.relieve()
 
 
 def _empty_gpu_caches() -> None:

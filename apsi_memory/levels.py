@@ -1,5 +1,5 @@
 """The pressure level over time: who hears of a change (``Components``) and when it is re-measured
-(``LevelTracker``). Each ``Machine`` owns one of each; ``reactions`` reaches the default machine's.
+(``LevelTracker``). Each ``Machine`` owns one of each (``machine().components`` is the default machine's).
 
 A component implements ``on_level(level)`` (called when the level changes: shrink at ``high``, empty at
 ``critical``, grow back at ``ok``) and ``relieve()`` (give cached RAM back now). It registers once; the registry

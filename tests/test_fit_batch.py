@@ -13,7 +13,6 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.batch import Oom, next_batch, oom_kind
-from apsi_memory.reactions import register, unregister
 from sim.gpu import (
     CupyOutOfMemoryError,
     FakeGpuMachine,
@@ -199,9 +198,9 @@ class _RamCache:
 @pytest.fixture
 def ram_cache() -> Iterator[_RamCache]:
     cache = _RamCache()
-    register(cache)
+    memory.machine().components.register(cache)
     yield cache
-    unregister(cache)
+    memory.machine().components.unregister(cache)
 
 
 def test_cpu_out_of_memory_asks_pools_and_stores_for_their_ram(ram_cache: _RamCache) -> None:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import reactions
 from apsi_memory.decide import Level
 from apsi_memory.errors import SizeError
 from apsi_memory.store import decode_key
@@ -322,13 +321,13 @@ def test_pressure_halves_then_empties_then_regrows_the_ram_tier():
     for i in range(9):
         s.set(i, value)
     assert s.ram_bytes == 9 * 100 * KIB
-    reactions.notify(Level.HIGH)
+    memory.machine().components.notify(Level.HIGH)
     assert s.ram_bytes <= MiB // 2
-    reactions.notify(Level.CRITICAL)
+    memory.machine().components.notify(Level.CRITICAL)
     assert s.ram_bytes == 0
     s.set("new", value)
     assert s.ram_bytes == 0 and len(s) == 10  # values still go to the SSD
-    reactions.notify(Level.OK)
+    memory.machine().components.notify(Level.OK)
     for i in range(9):
         np.testing.assert_array_equal(s.get(i), value)
     assert s.ram_bytes == 9 * 100 * KIB

@@ -8,7 +8,6 @@ import threading
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import reactions
 from apsi_memory.decide import Level
 from apsi_memory.pool import Pool
 from apsi_memory.watch import Watcher, next_call
@@ -158,6 +157,6 @@ def test_relieve_asks_every_registered_component(pressure_machine):
             self.relieved += 1
 
     cache = Cache()
-    reactions.register(cache)
+    memory.machine().components.register(cache)
     memory.relieve()
     assert cache.relieved == 1
