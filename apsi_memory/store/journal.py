@@ -250,6 +250,14 @@ class _Journal:
             self.since_checkpoint = 0
         return loaded
 
+    def checkpoint_room(self) -> int:
+        """Disk the index checkpoint may take: the file there now and, while the next one is written beside it
+        (temp + rename), its replacement of about the same size. Any process may have written it: looked up."""
+        try:
+            return 2 * os.stat(checkpoint.NAME, dir_fd=self.dir_fd, follow_symlinks=False).st_size
+        except OSError:
+            return 0
+
     def checkpoint_if_due(self, key: bytes, index: Index, share: int = checkpoint.TAIL_SHARE) -> None:
         """Under the lock, with ``index`` replayed up to ``offset``: write a checkpoint once enough was appended
         since the last one (``checkpoint.due``). Never raises for the disk: it only makes the next open faster."""

@@ -253,9 +253,9 @@ class Store:
             raise
 
     def _evict_over_limit(self, keep: bytes, room: int = 0) -> list[Entry]:
-        """Least recently used entries out until the files and the journal (its dead bytes included) fit, with
-        ``room`` bytes to spare."""
-        overhead = self._journal.offset - self._index.inline_total
+        """Least recently used entries out until the files, the journal (its dead bytes included) and the index
+        checkpoint fit, with ``room`` bytes to spare."""
+        overhead = self._journal.offset - self._index.inline_total + self._journal.checkpoint_room()
         victims = self._index.evict_to(max(0, self.disk_limit - overhead - room), keep)
         if victims:
             for key, _ in victims:
