@@ -136,6 +136,29 @@ def test_arrays_come_back_read_only_and_big_ones_memory_mapped():
     assert big[999_999] == 999_999
 
 
+def anonymous_memory() -> int:
+    """This process's anonymous resident memory (a copy counts here; a mapping of a file does not)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("RssAnon:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="RssAnon is read from Linux's /proc")
+def test_a_big_array_set_keeps_no_second_copy_in_ram_and_the_callers_changes_do_not_reach_it():
+    s = memory.store("big", ram_mb=256)
+    value = np.arange(16 * MiB, dtype=np.float32)  # 64 MiB
+    before = anonymous_memory()
+    s.set("big", value)
+    grown = anonymous_memory() - before
+    assert grown < 8 * MiB, f"the set copied the array into RAM ({grown / MiB:.0f} MiB more)"
+    assert s.ram_bytes == value.nbytes  # still in the RAM tier: the page cache's copy, mapped
+    value[:] = -1  # the caller's array changes after the set
+    got = s.get("big")
+    assert got[0] == 0 and got[-1] == 16 * MiB - 1
+    with pytest.raises(ValueError, match="read-only"):
+        got[0] = 1
+
+
 def test_an_array_whose_npy_header_needs_format_2_round_trips():
     """A dtype with very many fields has a header over 64 KiB: written as .npy 2.0, as spill files and
     ``numpy.save`` do (test first failed: ``set`` raised numpy's "Header length ... too big for version=(1, 0)")."""

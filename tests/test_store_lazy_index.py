@@ -81,7 +81,7 @@ def index_step(index: _Index, op: tuple) -> object:
     if op[0] == "remove":
         return index.remove(op[1])
     if op[0] == "touch":
-        return index.touch(op[1])
+        return index.touch([op[1]])
     if op[0] == "evict":
         return index.evict_to(op[1], op[2])
     if op[0] == "clear":

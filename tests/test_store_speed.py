@@ -5,10 +5,14 @@ whole)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import apsi_memory as memory
 from apsi_memory import signing
@@ -160,3 +164,48 @@ def test_a_failed_checkpoint_write_leaves_the_set_done_and_the_old_checkpoint(ho
     assert not [p for p in Path(s.folder).iterdir() if p.name.endswith(".tmp")]
     reopened = memory.store("t")
     assert len(reopened) == 2 * N and reopened["more7"] == 7
+
+
+# -- the disk a checkpoint may take: bounded without a stat, and never of an older journal -------------------------
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.binary(min_size=0, max_size=300), min_size=1, max_size=120),
+       deleted=st.integers(0, 100), compact=st.booleans())
+def test_a_checkpoint_and_its_replacement_fit_the_bound_eviction_counts_without_a_stat(
+        home, small_checkpoints, keys, deleted, compact):
+    """``checkpoint.room_bound`` lets every write skip looking the checkpoint up while the store is far below its
+    limit: it must hold for any keys (long ones make the widest rows), before and after a compaction."""
+    checkpoint.MIN_RECORDS = 1
+    s = memory.store(f"b{len(keys)}-{deleted}-{compact}")
+    for i, key in enumerate(keys):
+        s.set(key, i)
+    for key in keys[:deleted]:
+        s.delete(key)
+    if compact:
+        s._compact_if_due(force=True)
+    with s._lock, s._journal:
+        s._catch_up()
+        s._journal.checkpoint_if_due(s._seal.store_key, s._index.snapshot(), share=0)
+    path = Path(s.folder) / "checkpoint"
+    if path.exists():
+        records = s._journal.offset - s._index.inline_total
+        assert 2 * path.stat().st_size <= checkpoint.room_bound(records)
+
+
+def test_a_compaction_killed_after_its_switch_leaves_no_checkpoint_of_the_old_journal(home, small_checkpoints,
+                                                                                        monkeypatch):
+    """The compacting writer dies after the new journal took the old one's place (odd epoch still): the next
+    writer finishes the switch and removes the old journal's checkpoint, which no disk accounting may miss."""
+    s = filled()
+    other = memory.store("t")
+    path = Path(s.folder) / "checkpoint"
+    assert path.exists()
+    monkeypatch.setattr(checkpoint, "MIN_RECORDS", 10**9)  # no new checkpoint from here on
+    with s._journal:
+        s._journal._bump(epoch_step=1)  # the compaction's first step
+    copy = s._journal.path + ".new.tmp"
+    shutil.copyfile(s._journal.path, copy)
+    os.replace(copy, s._journal.path)  # the switch; then the writer died, its checkpoint still there
+    other.set("after", 1)
+    assert not path.exists()
+    assert memory.store("t")["after"] == 1 and len(memory.store("t")) == N + 1

@@ -42,6 +42,15 @@ _TAG = b"K"
 _HEADER = Struct(f"<qq{ANCHOR_BYTES}sqqq")  # epoch, upto, anchor, total, inline total, rows
 
 
+def room_bound(journal_records: int) -> int:
+    """At most the disk a checkpoint and its replacement (written beside it) take, for a journal whose records
+    (its size less the live inline values) take ``journal_records`` bytes: every entry a checkpoint holds has a
+    SET record in the journal of its epoch of at least 38 bytes plus its key, and a row takes 53 plus its key, so
+    the file is under 1.5 times those records, plus its header (a stale checkpoint of an older epoch never
+    outlives the compaction that made it stale: ``_Journal.replace``)."""
+    return 2 * (len(MAGIC) + SIGNATURE_BYTES + _HEADER.size + 3 * journal_records // 2)
+
+
 def due(records_since: int, entries: int, share: int = TAIL_SHARE) -> bool:
     """Whether a checkpoint is due: ``share`` 0 asks only for ``MIN_RECORDS`` (at close)."""
     return records_since >= max(MIN_RECORDS, entries // share if share else 0)

@@ -10,12 +10,13 @@ since) is ``Unloadable``, and one signed the way versions before the identity di
 
 from __future__ import annotations
 
+import hashlib
 import io
 import mmap
 import os
 import pickle
-from collections.abc import Callable
 from functools import lru_cache
+from hmac import compare_digest
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy.lib.format as npformat
 
 from ..errors import ArgumentTypeError
 from ..fileio import npy_header
-from ..signing import SIGNATURE_BYTES, mac, mac_verify, sign, verify
+from ..signing import SIGNATURE_BYTES, keyed_state, mac_keyed, sign, verify
 from .keys import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES
 from .records import Entry
 
@@ -36,10 +37,12 @@ class Seal(NamedTuple):
 
     secret: bytes
     store_key: bytes
+    keyed: hashlib.blake2b  # the store key's MAC state (``signing.keyed_state``)
 
 
 def seal_for(secret: bytes, ident: bytes) -> Seal:
-    return Seal(secret, sign(secret, b"store", ident))
+    store_key = sign(secret, b"store", ident)
+    return Seal(secret, store_key, keyed_state(store_key))
 
 
 class _Held(NamedTuple):
@@ -70,12 +73,12 @@ class Unloadable(Exception):
 
 
 def _sign(seal: Seal, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> bytes:
-    return mac(seal.store_key, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts)
+    return mac_keyed(seal.keyed, tag, key, stem[:NAME_BYTES].encode("ascii"), *parts)
 
 
 def _check(seal: Seal, signature: bytes, tag: bytes, key: bytes, stem: str, *parts: bytes | memoryview) -> None:
     version = stem[:NAME_BYTES].encode("ascii")
-    if mac_verify(seal.store_key, signature, tag, key, version, *parts):
+    if compare_digest(signature, mac_keyed(seal.keyed, tag, key, version, *parts)):
         return
     # The two older ways, each still bound to this user's key: HMAC-SHA256 with the store and version, and
     # before that with the key and bytes only. Such an entry is a miss (never loaded), not an attack.
@@ -97,9 +100,10 @@ def _parse_npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...]]:
     return dtype, shape
 
 
-def to_blob(seal: Seal, key: bytes, stem: str, value: Any, keep_in_ram: Callable[[int], bool]) -> _Blob:
+def to_blob(seal: Seal, key: bytes, stem: str, value: Any, ram_limit: int) -> _Blob:
+    """``value`` signed, as the bytes to write; an array the RAM tier (``ram_limit`` bytes) can hold is copied."""
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
-        return _array_blob(seal, key, stem, value, keep_in_ram)
+        return _array_blob(seal, key, stem, value, ram_limit)
     try:
         payload = pickle.dumps(value, protocol=5)
     except (pickle.PicklingError, TypeError, AttributeError) as err:
@@ -109,15 +113,17 @@ def to_blob(seal: Seal, key: bytes, stem: str, value: Any, keep_in_ram: Callable
     return _Blob(KIND_PICKLE, (payload, signature), len(payload) + SIGNATURE_BYTES, payload, len(payload))
 
 
-def _array_blob(seal: Seal, key: bytes, stem: str, value: np.ndarray,
-                keep_in_ram: Callable[[int], bool]) -> _Blob:
-    # The RAM tier keeps its own read-only copy, so changing the caller's array later cannot change the cache.
-    kept = keep_in_ram(value.nbytes)
+def _array_blob(seal: Seal, key: bytes, stem: str, value: np.ndarray, ram_limit: int) -> _Blob:
+    # The RAM tier keeps its own read-only copy, so changing the caller's array later cannot change the cache. A
+    # mapped one is not copied here: the store maps the file it writes instead (``datafiles.write_mapped``), which
+    # shares the page cache's copy rather than making a second one.
+    mapped = value.nbytes >= MMAP_MIN_BYTES
+    kept = value.nbytes <= ram_limit and not mapped
     array = np.array(value, order="C", copy=True) if kept else np.ascontiguousarray(value)
     header = npy_header(array.dtype, array.shape)
     data = array.reshape(-1).view(np.uint8).data
     size = len(header) + array.nbytes + SIGNATURE_BYTES
-    if array.nbytes >= MMAP_MIN_BYTES:
+    if mapped:
         kind, signature = KIND_NPY_MAP, _sign(seal, b"M", key, stem, header, str(size).encode())
     else:
         kind, signature = KIND_NPY_READ, _sign(seal, b"N", key, stem, header, data)
@@ -173,6 +179,12 @@ def load_mapped(seal: Seal, key: bytes, fd: int, entry: Entry) -> tuple[np.ndarr
     dtype, shape = _parse_npy_header(header)
     if header_len + dtype.itemsize * int(np.prod(shape)) + SIGNATURE_BYTES != size:
         raise _Tampered("length does not match its header")
-    mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    array = np.ndarray(shape, dtype=dtype, buffer=mapping, offset=header_len)  # read-only: the mapping is
+    array = map_array(fd, size, header)
     return array, _Held(array, entry.kind, array.nbytes, entry.name)
+
+
+def map_array(fd: int, size: int, header: bytes) -> np.ndarray:
+    """The array of the ``.npy`` file ``fd`` (``size`` bytes, starting with ``header``), mapped read-only."""
+    dtype, shape = _parse_npy_header(header)
+    mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    return np.ndarray(shape, dtype=dtype, buffer=mapping, offset=len(header))  # read-only: the mapping is

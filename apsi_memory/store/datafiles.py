@@ -6,10 +6,14 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
-from ..fileio import unlink_quietly
-from .codec import Seal, _Held, _Tampered, decode, load_mapped
+import numpy as np
+
+from ..errors import DiskFullError
+from ..fileio import new_file, unlink_quietly, writev_all
+from .codec import Seal, _Held, _Tampered, decode, load_mapped, map_array
 from .keys import KIND_NPY_MAP, is_data_name
 from .records import Entry
 
@@ -34,6 +38,21 @@ def load(seal: Seal, key: bytes, entry: Entry, data_fd: int) -> tuple[Any, _Held
     finally:
         os.close(fd)
     return decode(seal, key, content, entry)
+
+
+def write_mapped(name: str, data_fd: int, parts: tuple[bytes | memoryview, ...], size: int,
+                 full: Callable[[], DiskFullError]) -> np.ndarray | None:
+    """Write a new ``.npy`` file of ``size`` bytes (header first, signature last) and return its array mapped from it, for the RAM
+    tier: the page cache's copy, not a second one. ``None`` if it cannot be mapped (the file is written all the
+    same); on a failed write nothing is left behind."""
+    with new_file(name, full, data_fd, os.O_RDWR) as fd:
+        writev_all(fd, parts)
+    try:
+        return map_array(fd, size, bytes(parts[0]))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def unlink(entries: list[Entry], data_fd: int) -> None:

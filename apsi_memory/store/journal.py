@@ -17,7 +17,6 @@ import shutil
 import struct
 import warnings
 import weakref
-from itertools import accumulate
 
 from .._once import fork_hooks
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
@@ -157,6 +156,7 @@ class _Journal:
         damaged file for a person to look at, under a new name, and start empty."""
         aside = f"index.damaged.{os.urandom(6).hex()}"
         os.rename("index", aside, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        unlink_quietly(checkpoint.NAME, self.dir_fd)  # of the journal moved aside
         self._bump(epoch_step=2, end=0)
         warnings.warn(TamperWarning(f"{self.path}: not an apsi_memory store index (damaged or overwritten); moved "
                                     f"aside to {os.path.join(self.folder, aside)} and the store starts empty"),
@@ -211,32 +211,30 @@ class _Journal:
                                     f"{_COUNTERS.unpack_from(self.counters)[2]}); every entry reads as a miss"),
                       stacklevel=5)
 
-    def append(self, records: list[Record]) -> list[int]:
+    def append(self, records: list[Record]) -> int:
         """Append under the lock, after ``read_new``: cuts off a torn tail a killed writer left, then writes all
-        records with one ``write``. Returns where each record's inline value starts. On failure the journal is as
-        it was."""
-        if self.end_seen > self.offset:
-            os.ftruncate(self.fd, self.offset)
-        packed = [pack_record(r) for r in records]
-        ends = list(accumulate(len(p) for p in packed))
-        data = b"".join(packed)
+        records with one ``write``. Returns the journal's new end (the last record's inline value ends there).
+        On failure the journal is as it was."""
+        start = self.offset
+        if self.end_seen > start:
+            os.ftruncate(self.fd, start)
+        data = b"".join([pack_record(record) for record in records])
         try:
             written = os.write(self.fd, data)
         except OSError as err:
-            os.ftruncate(self.fd, self.offset)
+            os.ftruncate(self.fd, start)
             if is_disk_full(err):
                 raise disk_full(self.folder, len(data)) from err
             raise
         if written != len(data):  # a short write: the disk filled up under it
-            os.ftruncate(self.fd, self.offset)
+            os.ftruncate(self.fd, start)
             raise disk_full(self.folder, len(data))
-        starts = [self.offset + end - len(r.value) for end, r in zip(ends, records)]
-        self.offset = self.end_seen = self.offset + len(data)
+        self.offset = self.end_seen = end = start + written
         self.since_checkpoint += len(records)
-        self._bump(end=self.offset)
+        self._bump(end=end)
         self.lost_tail = False
         self.seen = self.counters[:_GENERATION_BYTES]  # this handle was caught up before it appended
-        return starts
+        return end
 
     def load_checkpoint(self, key: bytes) -> checkpoint.Loaded | None:
         """Under the lock, before the first ``read_new``: the index up to where the checkpoint covers this journal,
@@ -297,21 +295,24 @@ class _Journal:
         # the next lock holder (``_finish_compaction``), whichever file ``index`` then is.
         self._bump(epoch_step=1)
         os.replace(temp, "index", src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        unlink_quietly(checkpoint.NAME, self.dir_fd)  # of the old journal: stale now (see _finish_compaction)
         self._bump(epoch_step=1, end=size)
-        unlink_quietly(checkpoint.NAME, self.dir_fd)  # of the old journal: stale now, and its bytes better freed
 
     def empty(self) -> None:
         """Under the lock: the journal back to its magic alone, in place, so ``clear`` needs no free space. The
         epoch is odd meanwhile, as in ``replace``, and its change sends every reader back to the start."""
         self._bump(epoch_step=1)
         os.ftruncate(self.fd, len(MAGIC))
-        self._bump(epoch_step=1, end=len(MAGIC))
         unlink_quietly(checkpoint.NAME, self.dir_fd)
+        self._bump(epoch_step=1, end=len(MAGIC))
         self.lost_tail = False
 
     def _finish_compaction(self) -> None:
         """Under the lock, an odd epoch: a compacting writer died mid-way. Whichever file is ``index`` now is
-        whole (``os.replace`` is atomic), so make the epoch even again, with that file's size as the last end."""
+        whole (``os.replace`` is atomic), so make the epoch even again, with that file's size as the last end. The
+        checkpoint goes too, before the epoch is even (it may be of the old journal): so no checkpoint outlives the
+        journal it was made for, which the disk accounting relies on (``checkpoint.room_bound``)."""
+        unlink_quietly(checkpoint.NAME, self.dir_fd)
         self._bump(epoch_step=1, end=os.stat("index", dir_fd=self.dir_fd, follow_symlinks=False).st_size)
         self._remove_temps()
 

@@ -59,7 +59,8 @@ _KEY_LENGTH = struct.Struct("<I")
 
 
 def pack_keys(keys: list[bytes]) -> bytes:
-    return b"".join(_KEY_LENGTH.pack(len(key)) + key for key in keys)
+    pack = _KEY_LENGTH.pack
+    return b"".join([pack(len(key)) + key for key in keys])
 
 
 def unpack_keys(packed: bytes) -> Iterator[bytes]:

@@ -26,8 +26,8 @@ from ..machinery import machine
 from ..signing import user_key
 from ..trust import open_folder
 from ..units import MiB, fmt_mb
-from . import datafiles, forks
-from .codec import OldFormat, Unloadable, _Held, _Tampered, decode, seal_for, to_blob
+from . import checkpoint, datafiles, forks
+from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
 from .journal import _Journal, close_files, disk_full
 from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
@@ -78,6 +78,7 @@ class Store:
         self._fork_held = False
         self._closed = False
         self._old_seen = False  # an entry signed the old way was met (warned once per handle)
+        self._settled = 0  # how many of the journal's pending reads the index has applied (``_settle_reads``)
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
         self._closer = weakref.finalize(self, close_files, self._journal, (self._data_fd, self._dir_fd), False)
@@ -108,7 +109,10 @@ class Store:
             if held is None:
                 return self._get_from_disk(encoded, default)
             values.move_to_end(encoded)
-            self._touch(encoded)
+            reads = self._journal.pending_touches  # ``_read``, unrolled: the hot path of a RAM hit
+            reads.append(encoded)
+            if len(reads) >= TOUCH_BATCH:
+                self.flush()
             return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
 
     def _get_from_disk(self, key: bytes, default: Any) -> Any:
@@ -125,9 +129,31 @@ class Store:
                 self._unreadable(key, entry, err)
                 return default
             self._ram.put(key, held)
-            self._touch(key)
+            self._read(key)
             return value
         return default
+
+    def _read(self, key: bytes) -> None:
+        """Remember a read: its recency reaches the index and the journal in batches (``_settle_reads``)."""
+        reads = self._journal.pending_touches
+        reads.append(key)
+        if len(reads) >= TOUCH_BATCH:
+            self.flush()
+
+    def _settle_reads(self) -> None:
+        """Move the keys read since the last settling to the recent end of the index, in the order they were read:
+        before anything that depends on that order (iteration, eviction, compaction, a checkpoint, another
+        process's records)."""
+        reads = self._journal.pending_touches
+        if len(reads) > self._settled:
+            self._index.touch(reads[self._settled:])
+            self._settled = len(reads)
+
+    def _take_reads(self) -> list[Record]:
+        """The reads not yet in the journal, as a record to append (settled in the index first)."""
+        self._settle_reads()
+        self._settled = 0
+        return self._journal.take_touches()
 
     def _load(self, key: bytes, entry: Entry) -> tuple[Any, _Held]:
         if entry.inline:
@@ -193,6 +219,7 @@ class Store:
         self._check_open()
         with self._lock:
             self._catch_up()
+            self._settle_reads()
             keys = list(self._index.entries)
         return (decode_key(k) for k in keys)
 
@@ -204,48 +231,60 @@ class Store:
     def set(self, key: Key, value: Any) -> None:
         """Store ``value``. Once its record is in the journal the set has happened: nothing after that (evicting,
         compacting, removing replaced files) can make it raise or remove the new value's file."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         encoded = encode_key(key)
         self._level()  # an allocation path: lets a pressure change reach on_level (cheap, rate-limited)
         stem = new_stem()
-        blob = to_blob(self._seal, encoded, stem, value, lambda n: n <= self._ram.limit)
+        blob = to_blob(self._seal, encoded, stem, value, self._ram.limit)
         if blob.size > self.disk_limit:
             raise SizeError(f"a {fmt_mb(blob.size)} value does not fit this store's SSD tier "
                             f"({fmt_mb(self.disk_limit)}); nothing was stored")
         inline = blob.kind != KIND_NPY_MAP and blob.size <= INLINE_MAX_BYTES
-        entry = Entry(stem if inline else stem + EXT[blob.kind], blob.kind, blob.size)
-        if not inline:  # outside the lock: nobody sees it before its record
-            write_new(entry.name, self._data_fd, blob.parts, lambda: disk_full(self._data, blob.size))
-        with self._lock, self._journal.locked():
+        if inline:
+            entry, inline_value, ram_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts), blob.ram_value
+        else:  # written outside the lock: nobody sees it before its record
+            entry, inline_value = Entry(stem + EXT[blob.kind], blob.kind, blob.size), b""
+            ram_value = self._write_file(entry, blob)
+        with self._lock, self._journal:
             try:
                 self._catch_up()
-                records = self._journal.take_touches() + [Record(OP_SET, encoded, entry, b"".join(blob.parts)
-                                                                 if inline else b"")]
-                value_at = self._append(records)[-1]
+                end = self._append(self._take_reads() + [Record(OP_SET, encoded, entry, inline_value)])
             except BaseException:
                 if not inline:
                     self._unlink([entry])
                 raise
             if inline:
-                entry = Entry(entry.name, entry.kind, entry.size, value_at)
-            self._committed(encoded, entry, blob.ram_value, blob.ram_nbytes)
-            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())
+                entry = Entry(stem, blob.kind, blob.size, end - blob.size)
+            self._committed(encoded, entry, ram_value, blob.ram_nbytes)
+
+    def _write_file(self, entry: Entry, blob: _Blob) -> Any:
+        """A value's own file, and what the RAM tier keeps of it: a big array mapped from that file, if it fits."""
+        def full() -> DiskFullError:
+            return disk_full(self._data, blob.size)
+        if entry.kind == KIND_NPY_MAP and blob.ram_nbytes <= self._ram.limit:
+            return datafiles.write_mapped(entry.name, self._data_fd, blob.parts, blob.size, full)
+        write_new(entry.name, self._data_fd, blob.parts, full)
+        return blob.ram_value
 
     def _committed(self, key: bytes, entry: Entry, ram_value: Any, ram_nbytes: int) -> None:
         """Under both locks, after the SET record is in: index it, then make room. Files no record names any more
         go before the lock is released, so the disk never holds more than the limit and the values in flight."""
         old = self._index.put(key, entry)
-        self._ram.drop(key)
         if ram_value is not None:
             self._ram.put(key, _Held(ram_value, entry.kind, ram_nbytes, entry.name))
-        self._unlink([old] if old is not None else [])
+        else:
+            self._ram.drop(key)
+        if old is not None:
+            self._unlink([old])
         try:
             self._compact_if_due(keep=key)
             self._unlink(self._evict_over_limit(keep=key))
         except OSError:
             pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
+        self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())
 
-    def _append(self, records: list[Record]) -> list[int]:
+    def _append(self, records: list[Record]) -> int:
         try:
             return self._journal.append(records)
         except BaseException:
@@ -255,8 +294,12 @@ class Store:
     def _evict_over_limit(self, keep: bytes, room: int = 0) -> list[Entry]:
         """Least recently used entries out until the files, the journal (its dead bytes included) and the index
         checkpoint fit, with ``room`` bytes to spare."""
-        overhead = self._journal.offset - self._index.inline_total + self._journal.checkpoint_room()
-        victims = self._index.evict_to(max(0, self.disk_limit - overhead - room), keep)
+        index, journal = self._index, self._journal
+        records = journal.offset - index.inline_total  # the journal less its live values: records and dead bytes
+        if index.total + records + room + checkpoint.room_bound(records) <= self.disk_limit:
+            return []  # far enough below the limit that the checkpoint's actual size does not matter
+        self._settle_reads()
+        victims = index.evict_to(max(0, self.disk_limit - records - journal.checkpoint_room() - room), keep)
         if victims:
             for key, _ in victims:
                 self._ram.drop(key)
@@ -280,7 +323,7 @@ class Store:
             if entry is None:
                 return False
             try:
-                self._append(self._journal.take_touches() + [Record(OP_DEL, encoded)])
+                self._append(self._take_reads() + [Record(OP_DEL, encoded)])
             except DiskFullError:
                 if entry.inline:
                     raise
@@ -300,7 +343,7 @@ class Store:
         self._check_open()
         with self._lock, self._journal.locked():
             self._catch_up()
-            self._journal.take_touches()
+            self._take_reads()
             gone = list(self._index.entries.values())
             self._journal.empty()
             self._catch_up()
@@ -312,6 +355,7 @@ class Store:
     def _catch_up(self) -> None:
         if not self._journal.changed():
             return
+        self._settle_reads()  # this process's reads came before what others wrote since
         reset = False
         for record in self._journal.read_new():
             self._index.apply(record)
@@ -335,16 +379,10 @@ class Store:
         """Under the journal lock: rebuild both tiers' view from the journal alone."""
         self._journal.reopen()
         self._journal.pending_touches = []
+        self._settled = 0
         self._index.clear()
         self._ram.clear()
         self._catch_up()
-
-    def _touch(self, key: bytes) -> None:
-        self._index.touch(key)
-        pending = self._journal.pending_touches
-        pending.append(key)
-        if len(pending) >= TOUCH_BATCH:
-            self.flush()
 
     def _compact_if_due(self, keep: bytes = b"", force: bool = False) -> None:
         """Under the journal lock. Dead bytes (replaced or deleted inline values, old records) are dropped by
@@ -377,7 +415,7 @@ class Store:
                 with self._journal.locked():
                     self._catch_up()
                     try:
-                        self._journal.append(self._journal.take_touches())
+                        self._journal.append(self._take_reads())
                     except OSError:
                         pass  # a full disk: recency is a hint, and a read must not fail for it
 
@@ -386,6 +424,7 @@ class Store:
         self._machine.components.unregister(self)
         with self._lock:
             self._closed = True
+            self._settle_reads()
             if self._closer.detach() is not None:
                 close_files(self._journal, (self._data_fd, self._dir_fd), True,
                             (self._seal.store_key, self._index.snapshot()))

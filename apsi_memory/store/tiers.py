@@ -5,6 +5,7 @@ See the package docstring."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from ..decide import eviction_target
 from .checkpoint import Loaded
@@ -69,10 +70,13 @@ class _Index:
             self._count(old, -1)
         return old
 
-    def touch(self, key: bytes) -> None:
-        entry = self._take(key)
-        if entry is not None:  # else removed meanwhile (a touch record may name a key deleted since)
-            self._changes[key] = entry  # to the end: most recently used
+    def touch(self, keys: Iterable[bytes]) -> None:
+        """``keys`` to the recent end, in order."""
+        take, changes = self._take, self._changes
+        for key in keys:
+            entry = take(key)
+            if entry is not None:  # else removed meanwhile (a touch record may name a key deleted since)
+                changes[key] = entry
 
     def _take(self, key: bytes) -> Entry | None:
         """``key``'s entry taken out of recency order (a base row is marked gone), totals untouched."""
@@ -103,8 +107,7 @@ class _Index:
         elif record.op == OP_DEL:
             self.remove(record.key)
         elif record.op == OP_TOUCH:
-            for key in unpack_keys(record.key):
-                self.touch(key)
+            self.touch(unpack_keys(record.key))
         elif record.op in (OP_CLEAR, OP_RESET, OP_LOST):
             self.clear()
 
