@@ -185,7 +185,7 @@ def test_a_checkpoint_and_its_replacement_fit_the_bound_eviction_counts_without_
         s._compact_if_due(force=True)
     with s._lock, s._journal:
         s._catch_up()
-        s._journal.checkpoint_if_due(s._seal.store_key, s._index.snapshot(), share=0)
+        s._journal.checkpoint_if_due(s._seal.store_key, s._index.snapshot, share=0)
     path = Path(s.folder) / "checkpoint"
     if path.exists():
         records = s._journal.offset - s._index.inline_total

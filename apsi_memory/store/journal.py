@@ -17,6 +17,7 @@ import shutil
 import struct
 import warnings
 import weakref
+from collections.abc import Callable
 
 from .._once import fork_hooks
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
@@ -50,7 +51,7 @@ MAGIC = b"APSISTORE1\n"
 
 _TEMP = re.compile(r"index\.[0-9a-f]{12}\.tmp")
 Index = tuple[checkpoint.Index, int, int]  # entries and the two running totals (``_Index.snapshot``)
-Saved = tuple[bytes, Index]  # what a checkpoint is made of: the store's key and its index
+Saved = tuple[bytes, Callable[[], Index]]  # what a checkpoint is made of: the store's key and its index
 
 
 def disk_full(folder: str, needed: int) -> DiskFullError:
@@ -169,7 +170,7 @@ class _Journal:
     def read_new(self) -> list[Record]:
         """Records appended since the last look; after a compaction, ``RESET`` and the whole new journal."""
         self.seen = self.counters[:_GENERATION_BYTES]  # before reading: a later bump makes the next look read
-        epoch = _COUNTERS.unpack_from(self.counters)[1]
+        _, epoch, last_end = _COUNTERS.unpack_from(self.counters)
         if epoch % 2 and self.holding:
             self._finish_compaction()
             epoch += 1
@@ -178,7 +179,7 @@ class _Journal:
             return [Record(OP_RESET)] + self.read_new()
         records: list[Record] = []
         size = self.end_seen = os.fstat(self.fd).st_size
-        if self.holding and size < _COUNTERS.unpack_from(self.counters)[2]:
+        if self.holding and size < last_end:
             self._truncated(size)
             self.offset = len(MAGIC)  # what this handle read may be gone: read it all again
             records.append(Record(OP_RESET))
@@ -256,12 +257,16 @@ class _Journal:
         except OSError:
             return 0
 
-    def checkpoint_if_due(self, key: bytes, index: Index, share: int = checkpoint.TAIL_SHARE) -> None:
-        """Under the lock, with ``index`` replayed up to ``offset``: write a checkpoint once enough was appended
-        since the last one (``checkpoint.due``). Never raises for the disk: it only makes the next open faster."""
-        if self.since_checkpoint < checkpoint.MIN_RECORDS or not checkpoint.due(self.since_checkpoint,
-                                                                                  len(index[0]), share):
-            return  # the first test alone on almost every call
+    def checkpoint_if_due(self, key: bytes, snapshot: Callable[[], Index],
+                          share: int = checkpoint.TAIL_SHARE) -> None:
+        """Under the lock, with the index (``snapshot()``, taken only when one is written) replayed up to
+        ``offset``: write a checkpoint once enough was appended since the last one (``checkpoint.due``). Never
+        raises for the disk: it only makes the next open faster."""
+        if self.since_checkpoint < checkpoint.MIN_RECORDS:
+            return  # the only test on almost every call
+        index = snapshot()
+        if not checkpoint.due(self.since_checkpoint, len(index[0]), share):
+            return
         try:
             anchor = os.pread(self.fd, checkpoint.ANCHOR_BYTES, self.offset - checkpoint.ANCHOR_BYTES)
             checkpoint.write(self.dir_fd, key, self.epoch, self.offset, anchor, index, lambda: disk_full(self.folder, 0))

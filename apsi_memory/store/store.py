@@ -88,7 +88,7 @@ class Store:
             self._catch_up()
             self._compact_if_due()
             self._unlink(self._evict_over_limit(keep=b""))
-            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())  # also for read-only users
+            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)  # also for read-only users
         self._machine.components.register(self)
 
     def _check_open(self) -> None:
@@ -115,23 +115,24 @@ class Store:
                 self.flush()
             return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
 
-    def _get_from_disk(self, key: bytes, default: Any) -> Any:
-        for _ in range(2):  # a second look if another process replaced or evicted the file meanwhile
-            entry = self._index.get(key)
-            if entry is None:
-                return default
-            try:
-                value, held = self._load(key, entry)
-            except (FileNotFoundError, _Tampered, Unloadable) as err:
-                self._catch_up()
-                if self._index.get(key) != entry:
-                    continue  # replaced, removed or compacted away meanwhile: not damage
-                self._unreadable(key, entry, err)
-                return default
-            self._ram.put(key, held)
-            self._read(key)
-            return value
-        return default
+    def _get_from_disk(self, key: bytes, default: Any, second_look: bool = False) -> Any:
+        entry = self._index.get(key)
+        if entry is None:
+            return default
+        try:
+            if entry.offset >= 0:  # inline: in the journal
+                value, held = decode(self._seal, key, os.pread(self._journal.fd, entry.size, entry.offset), entry)
+            else:
+                value, held = datafiles.load(self._seal, key, entry, self._data_fd)
+        except (FileNotFoundError, _Tampered, Unloadable) as err:
+            self._catch_up()
+            if self._index.get(key) != entry:  # replaced, removed or compacted away meanwhile: not damage
+                return default if second_look else self._get_from_disk(key, default, True)
+            self._unreadable(key, entry, err)
+            return default
+        self._ram.put(key, held)
+        self._read(key)
+        return value
 
     def _read(self, key: bytes) -> None:
         """Remember a read: its recency reaches the index and the journal in batches (``_settle_reads``)."""
@@ -154,11 +155,6 @@ class Store:
         self._settle_reads()
         self._settled = 0
         return self._journal.take_touches()
-
-    def _load(self, key: bytes, entry: Entry) -> tuple[Any, _Held]:
-        if entry.inline:
-            return decode(self._seal, key, os.pread(self._journal.fd, entry.size, entry.offset), entry)
-        return datafiles.load(self._seal, key, entry, self._data_fd)
 
     def _where(self, entry: Entry) -> str:
         return self._journal.path if entry.inline else os.path.join(self._data, entry.name)
@@ -282,7 +278,7 @@ class Store:
             self._unlink(self._evict_over_limit(keep=key))
         except OSError:
             pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
-        self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot())
+        self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)
 
     def _append(self, records: list[Record]) -> int:
         try:
@@ -427,7 +423,7 @@ class Store:
             self._settle_reads()
             if self._closer.detach() is not None:
                 close_files(self._journal, (self._data_fd, self._dir_fd), True,
-                            (self._seal.store_key, self._index.snapshot()))
+                            (self._seal.store_key, self._index.snapshot))
 
     # -- pressure --
 

@@ -55,7 +55,7 @@ class _Index:
 
     def _count(self, entry: Entry, sign_: int) -> None:
         self.total += sign_ * entry.size
-        if entry.inline:
+        if entry.offset >= 0:  # ``entry.inline``, without a property call on every put
             self.inline_total += sign_ * entry.size
 
     def put(self, key: bytes, entry: Entry) -> Entry | None:
@@ -71,14 +71,16 @@ class _Index:
         return old
 
     def touch(self, keys: Iterable[bytes]) -> None:
-        """``keys`` to the recent end, in order."""
-        take, changes = self._take, self._changes
+        """``keys`` to the recent end, in order (a key removed meanwhile is skipped: a touch record may name a key
+        deleted since)."""
+        changes = self._changes
+        take = changes.pop if self._base is None else self._take  # once built, the dict is all of it
         for key in keys:
-            entry = take(key)
-            if entry is not None:  # else removed meanwhile (a touch record may name a key deleted since)
+            entry = take(key, None)
+            if entry is not None:
                 changes[key] = entry
 
-    def _take(self, key: bytes) -> Entry | None:
+    def _take(self, key: bytes, _: None = None) -> Entry | None:
         """``key``'s entry taken out of recency order (a base row is marked gone), totals untouched."""
         entry = self._changes.pop(key, None)
         if entry is None and self._base is not None and key not in self._gone:
@@ -143,12 +145,15 @@ class _RamTier:
         return held
 
     def put(self, key: bytes, held: _Held) -> None:
-        self.drop(key)
+        old = self.values.pop(key, None)
+        if old is not None:
+            self.total -= old.nbytes
         if held.nbytes > self.limit:
             return
         self.values[key] = held
         self.total += held.nbytes
-        self.shrink_to(self.limit)
+        if self.total > self.limit:
+            self.shrink_to(self.limit)
 
     def drop(self, key: bytes) -> None:
         held = self.values.pop(key, None)
