@@ -275,7 +275,9 @@ class Store:
             self._unlink([old])
         try:
             self._compact_if_due(keep=key)
-            self._unlink(self._evict_over_limit(keep=key))
+            victims = self._evict_over_limit(keep=key)
+            if victims:
+                self._unlink(victims)
         except OSError:
             pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
         self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)
@@ -351,9 +353,11 @@ class Store:
     def _catch_up(self) -> None:
         if not self._journal.changed():
             return
-        self._settle_reads()  # this process's reads came before what others wrote since
+        records = self._journal.read_new()
+        if records:
+            self._settle_reads()  # this process's reads came before what others wrote since
         reset = False
-        for record in self._journal.read_new():
+        for record in records:
             self._index.apply(record)
             if record.op in (OP_CLEAR, OP_LOST):
                 self._ram.clear()
