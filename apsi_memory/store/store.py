@@ -152,6 +152,8 @@ class Store:
 
     def _take_reads(self) -> list[Record]:
         """The reads not yet in the journal, as a record to append (settled in the index first)."""
+        if not self._journal.pending_touches:
+            return []  # a store that is only written: nothing to settle or take
         self._settle_reads()
         self._settled = 0
         return self._journal.take_touches()
