@@ -249,6 +249,26 @@ def test_reopening_finds_entries_and_their_recency():
     assert again.get("a") == {"v": "a"} and again.get("arr")[-1] == 99_999
 
 
+@pytest.mark.parametrize("compacted_by", ["this handle", "another handle"])
+def test_reads_keep_their_recency_across_a_compaction(compacted_by):
+    """Reads are remembered in memory and reach the index in batches: a compaction in between (by this handle or
+    by another process's) must neither lose them nor put them out of order."""
+    s = memory.store("order", disk_gb=1)
+    for key in "abcd":
+        s.set(key, {"v": key})
+    s.get("a")
+    s.get("b")
+    list(s)  # settles both reads into this handle's index
+    s.get("c")  # and one more, still only in memory when the compaction comes
+    compacting = s if compacted_by == "this handle" else memory.store("order", disk_gb=1)
+    with compacting._lock, compacting._journal:
+        compacting._catch_up()
+        compacting._compact_if_due(force=True)
+    assert list(s) == ["d", "a", "b", "c"]
+    s.close()
+    assert list(memory.store("order", disk_gb=1)) == ["d", "a", "b", "c"]
+
+
 def test_reopening_with_a_smaller_limit_evicts_the_least_recent():
     s = memory.store("shrink", disk_gb=1)
     for i in range(10):

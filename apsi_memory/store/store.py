@@ -363,8 +363,10 @@ class Store:
             self._index.apply(record)
             if record.op in (OP_CLEAR, OP_LOST):
                 self._ram.clear()
+                self._settled = 0  # the index was emptied: reads still pending apply again to what comes next
             elif record.op == OP_RESET:
                 reset = True
+                self._settled = 0  # rebuilt from a journal that has not seen this process's pending reads
             elif record.op in (OP_SET, OP_DEL):
                 held = self._ram.values.get(record.key)
                 if held is not None and (record.entry is None or record.entry.name != held.name):
@@ -402,6 +404,7 @@ class Store:
         if shutil.disk_usage(self.folder).free < inline + keys + 64 * (len(self._index.entries) + 1024):
             return  # no room for the rewrite now; the journal stays valid and a later write tries again
         self._unlink(self._evict_over_limit(keep, room=inline + keys + 64 * len(self._index.entries) + 64))
+        self._settle_reads()  # the new journal is written in recency order
         try:
             self._journal.replace(list(self._index.entries.items()))
         except OSError:
