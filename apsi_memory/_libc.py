@@ -13,8 +13,8 @@ here" answer instead of an exception, because each is an optimisation or a safet
 * ``cachestat``: ``None`` where not available or refused (a kernel before 6.5, a seccomp filter), and then it is
   not asked again;
 * ``malloc_trim``: ``None`` where the C library has none (musl, macOS);
-* ``posix_fallocate``: ``False`` where the platform or filesystem cannot (EINVAL, EOPNOTSUPP); any other failure,
-  such as a full disk, raises its ``OSError``;
+* ``posix_fallocate`` (also past the end, ``keep_size``): ``False`` where the platform or filesystem cannot
+  (EINVAL, EOPNOTSUPP); any other failure, such as a full disk, raises its ``OSError``;
 * ``map_anonymous_fixed``: ``False`` where not available; a failure raises ``SystemCallError`` (an ``OSError``)
   naming the range.
 
@@ -38,6 +38,7 @@ import numpy as np
 from .errors import SystemCallError
 
 _MAP_FIXED = 0x10  # the same value on every Linux architecture
+_FALLOC_FL_KEEP_SIZE = 1  # <linux/falloc.h>
 _SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4  # <fcntl.h> SYNC_FILE_RANGE_*
 _SYS_CACHESTAT = 451  # the same number on every architecture that has it (Linux 6.5)
 _LINUX = sys.platform.startswith("linux")
@@ -163,14 +164,23 @@ def malloc_trim(pad: int = 0) -> int | None:
     return None if function is None else int(function(pad))
 
 
-def posix_fallocate(fd: int, offset: int, length: int) -> bool:
-    """Reserve the file's blocks for ``[offset, offset + length)``. ``False`` where this platform or filesystem
-    cannot (no such call, EINVAL, EOPNOTSUPP): the caller then only extends the file. Any other failure (a full
-    disk: ENOSPC, EDQUOT) raises the ``OSError``."""
-    if not hasattr(os, "posix_fallocate"):
-        return False
+def posix_fallocate(fd: int, offset: int, length: int, keep_size: bool = False) -> bool:
+    """Reserve the file's blocks for ``[offset, offset + length)``; with ``keep_size``, without changing the file's
+    size (Linux's ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``: room kept past the end for later appends). ``False``
+    where this platform or filesystem cannot (no such call, EINVAL, EOPNOTSUPP): the caller then only extends the
+    file. Any other failure (a full disk: ENOSPC, EDQUOT) raises the ``OSError``."""
     try:
-        os.posix_fallocate(fd, offset, length)
+        if keep_size:
+            function = _linux("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+            if function is None:
+                return False
+            if function(fd, _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+                code = ctypes.get_errno()
+                raise SystemCallError(code, f"could not reserve {length} bytes at {offset}: {os.strerror(code)}")
+        elif hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, offset, length)
+        else:
+            return False
     except OSError as exc:
         if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
             raise

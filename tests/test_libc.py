@@ -134,6 +134,21 @@ def test_posix_fallocate_reserves_the_blocks(tmp_path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="FALLOC_FL_KEEP_SIZE is Linux's")
+def test_posix_fallocate_keeping_the_size_reserves_blocks_past_the_end(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "r", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"x" * 100)
+        assert _libc.posix_fallocate(fd, 100, 64 * PAGE, keep_size=True)
+        stat = os.fstat(fd)
+        assert stat.st_size == 100 and stat.st_blocks * 512 >= 64 * PAGE
+        with pytest.raises(OSError) as bad:
+            _libc.posix_fallocate(-1, 0, PAGE, keep_size=True)
+        assert bad.value.errno == errno.EBADF
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("code", [errno.EINVAL, errno.EOPNOTSUPP])
 def test_posix_fallocate_where_the_filesystem_cannot_says_false(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
     def cannot(fd: int, offset: int, length: int) -> None:

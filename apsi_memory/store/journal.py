@@ -15,10 +15,12 @@ import os
 import re
 import shutil
 import struct
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
 
+from .._libc import posix_fallocate
 from .._once import fork_hooks
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
 from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
@@ -40,6 +42,11 @@ from .records import (
 )
 
 READ_CHUNK = 64 * MiB
+# Disk kept allocated past the journal's end, not counted in its size: what removals (deletes, evictions, the
+# removal of a damaged entry) append into when the disk is full. An append that adds a value first makes sure at
+# least half of it is there, or is refused with ``DiskFullError``; so about a thousand removals can always be
+# recorded, whatever filled the disk.
+RESERVE_BYTES = 64 * 1024
 # In the lock file: appends so far (generation), compactions so far (epoch), and the journal's size after the last
 # append (a journal found shorter was truncated, which no crash does); then the store's random identity.
 _COUNTERS = struct.Struct("<QQQ")
@@ -150,6 +157,7 @@ class _Journal:
                 os.close(fd)
                 raise
         self.fd, self.offset = fd, len(MAGIC)
+        self.reserved_to = 0  # the room this handle reserved past the end reaches here (``_keep_room``)
         self.damaged = False  # damaged records were skipped: the next writer rewrites the journal without them
 
     def _move_aside(self) -> None:
@@ -212,23 +220,26 @@ class _Journal:
                                     f"{_COUNTERS.unpack_from(self.counters)[2]}); every entry reads as a miss"),
                       stacklevel=5)
 
-    def append(self, records: list[Record]) -> int:
+    def append(self, records: list[Record], adds: bool = False) -> int:
         """Append under the lock, after ``read_new``: cuts off a torn tail a killed writer left, then writes all
-        records with one ``write``. Returns the journal's new end (the last record's inline value ends there).
-        On failure the journal is as it was."""
+        records with one ``write``. Records that ``add`` a value keep the room reserved for removals
+        (``RESERVE_BYTES``) or raise ``DiskFullError``. Returns the journal's new end (the last record's inline
+        value ends there). On failure the journal is as it was."""
         start = self.offset
         if self.end_seen > start:
-            os.ftruncate(self.fd, start)
+            self._cut(start)
         data = b"".join([pack_record(record) for record in records])
+        if adds and start + len(data) + RESERVE_BYTES // 2 > self.reserved_to:
+            self._keep_room(start + len(data))
         try:
             written = os.write(self.fd, data)
         except OSError as err:
-            os.ftruncate(self.fd, start)
+            self._cut(start)
             if is_disk_full(err):
                 raise disk_full(self.folder, len(data)) from err
             raise
         if written != len(data):  # a short write: the disk filled up under it
-            os.ftruncate(self.fd, start)
+            self._cut(start)
             raise disk_full(self.folder, len(data))
         self.offset = self.end_seen = end = start + written
         self.since_checkpoint += len(records)
@@ -236,6 +247,24 @@ class _Journal:
         self.lost_tail = False
         self.seen = self.counters[:_GENERATION_BYTES]  # this handle was caught up before it appended
         return end
+
+    def _keep_room(self, end: int) -> None:
+        """``RESERVE_BYTES`` allocated past ``end``, where an append is about to end, or ``DiskFullError`` before
+        anything is written. A filesystem that cannot reserve is not asked again (its appends go on as before)."""
+        try:
+            if not posix_fallocate(self.fd, end, RESERVE_BYTES, keep_size=True):
+                self.reserved_to = sys.maxsize
+                return
+        except OSError as err:
+            if is_disk_full(err):
+                raise disk_full(self.folder, end - self.offset + RESERVE_BYTES) from err
+            raise
+        self.reserved_to = end + RESERVE_BYTES
+
+    def _cut(self, size: int) -> None:
+        """The journal cut back to ``size``, which also frees the room reserved past its end."""
+        os.ftruncate(self.fd, size)
+        self.reserved_to = min(self.reserved_to, size)
 
     def load_checkpoint(self, key: bytes) -> checkpoint.Loaded | None:
         """Under the lock, before the first ``read_new``: the index up to where the checkpoint covers this journal,
@@ -307,7 +336,7 @@ class _Journal:
         """Under the lock: the journal back to its magic alone, in place, so ``clear`` needs no free space. The
         epoch is odd meanwhile, as in ``replace``, and its change sends every reader back to the start."""
         self._bump(epoch_step=1)
-        os.ftruncate(self.fd, len(MAGIC))
+        self._cut(len(MAGIC))
         unlink_quietly(checkpoint.NAME, self.dir_fd)
         self._bump(epoch_step=1, end=len(MAGIC))
         self.lost_tail = False

@@ -247,7 +247,7 @@ class Store:
         with self._lock, self._journal:
             try:
                 self._catch_up()
-                end = self._append(self._take_reads() + [Record(OP_SET, encoded, entry, inline_value)])
+                end = self._append(self._take_reads() + [Record(OP_SET, encoded, entry, inline_value)], adds=True)
             except BaseException:
                 if not inline:
                     self._unlink([entry])
@@ -284,11 +284,14 @@ class Store:
             pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
         self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)
 
-    def _append(self, records: list[Record]) -> int:
+    def _append(self, records: list[Record], adds: bool = False) -> int:
+        """Append to the journal; the index changes only after (so a refused append leaves both as they were)."""
         try:
-            return self._journal.append(records)
+            return self._journal.append(records, adds)
+        except OSError:
+            raise  # the journal cut back what it wrote: it, and so the index, are as they were
         except BaseException:
-            self._reload()  # the in-memory index may be ahead of the journal; the journal is the truth
+            self._reload()  # interrupted mid-way: what is in the journal is the truth
             raise
 
     def _evict_over_limit(self, keep: bytes, room: int = 0) -> list[Entry]:
@@ -303,7 +306,11 @@ class Store:
         if victims:
             for key, _ in victims:
                 self._ram.drop(key)
-            self._append([Record(OP_DEL, key) for key, _ in victims])
+            try:
+                self._append([Record(OP_DEL, key) for key, _ in victims])
+            except OSError:
+                self._reload()  # the index dropped them already: back to what the journal says
+                raise
         return [entry for _, entry in victims]
 
     def _unlink(self, entries: list[Entry]) -> None:

@@ -80,6 +80,29 @@ def test_delete_and_clear_work_on_a_full_disk(small_disk):
     assert os.listdir(small_disk / "s" / "data") == []
 
 
+def test_on_a_full_disk_new_values_are_refused_and_removals_still_recorded(small_disk):
+    """Values inside the journal free nothing when deleted, and their DEL records need room: the journal keeps
+    room past its end that only removals may use, so a disk filled by someone else never makes a store whose
+    values cannot be deleted. Figure: 300 deletes of 300 (they need about 9 KiB, more than any page left over)."""
+    s = memory.store(small_disk / "s", disk_gb=1)
+    for i in range(400):
+        s.set(f"small{i}", {"i": i})
+    fill(small_disk)
+    refused = 0
+    for i in range(2000):  # new values go on only while they leave the removals' room alone
+        try:
+            s.set(f"more{i}", {"i": i})
+        except DiskFullError:
+            refused += 1
+            break
+    assert refused == 1
+    deleted = sum(s.delete(f"small{i}") for i in range(300))
+    assert deleted == 300
+    reader = memory.store(small_disk / "s", ram_mb=0, disk_gb=1)
+    assert reader.get("small350") == {"i": 350} and reader.get("small5") is None
+    assert len([key for key in reader if str(key).startswith("small")]) == 100
+
+
 def test_making_the_key_on_a_full_disk_is_a_disk_full_error_and_leaves_nothing(small_disk, monkeypatch):
     home = small_disk / "home"
     home.mkdir(mode=0o700)
