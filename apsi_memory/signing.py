@@ -157,6 +157,23 @@ _JOIN_MAX = 64 * 1024  # parts up to this size together are joined: one copy is 
 _FOUR = _lengths(4)
 
 
+def bulk_mac(key: bytes, *parts: bytes | memoryview) -> bytes:
+    """Keyed BLAKE3 over the parts, framed as in ``mac``, for big bodies (the store's index checkpoint, read at
+    every open): 6 MB in 0.9 ms where BLAKE2b takes 5.6 here, on any CPU with SIMD (SHA-256 is that fast only
+    with SHA instructions). One thread: no pool that a forked child would inherit half-made."""
+    from blake3 import blake3  # on first use: importing apsi_memory does no work
+
+    state = blake3(key=key)
+    state.update(_lengths(len(parts)).pack(len(parts), *[len(part) for part in parts]))
+    for part in parts:
+        state.update(part)
+    return state.digest()
+
+
+def bulk_mac_verify(key: bytes, signature: bytes, *parts: bytes | memoryview) -> bool:
+    return hmac.compare_digest(signature, bulk_mac(key, *parts))
+
+
 @lru_cache(maxsize=8)
 def keyed_state(key: bytes) -> hashlib.blake2b:
     """The keyed BLAKE2b state of ``key``, made once; every MAC starts from a copy of it."""

@@ -145,6 +145,25 @@ def test_a_checkpoint_of_the_earlier_marshal_layout_is_ignored_and_the_journal_r
     assert path.read_bytes().startswith(checkpoint.MAGIC), "the whole replay saves a checkpoint of today's layout"
 
 
+def test_a_checkpoint_signed_the_earlier_way_is_ignored_silently_and_replaced(home, monkeypatch):
+    """APSICKPT2 had these columns, signed with BLAKE2b: after an upgrade it is replayed past once, without a
+    warning (it is ours, not tampered), and a checkpoint of today's kind takes its place."""
+    monkeypatch.setattr(checkpoint, "MIN_RECORDS", 64)
+    s = memory.store("t")
+    for i in range(300):
+        s.set(f"k{i}", {"i": i})
+    s.close()
+    path, key = Path(s.folder) / "checkpoint", s._seal.store_key
+    body = path.read_bytes()[len(checkpoint.MAGIC) + signing.SIGNATURE_BYTES:]
+    path.write_bytes(b"APSICKPT2\n" + signing.mac(key, b"K", body) + body)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reopened = memory.store("t")
+    assert reopened._index._base is None, "the old checkpoint was used"
+    assert len(reopened) == 300 and reopened["k299"] == {"i": 299}
+    assert path.read_bytes().startswith(checkpoint.MAGIC)
+
+
 def test_columns_whose_lengths_disagree_are_no_rows():
     n, body = rows.pack({b"sk1": Entry("0" * 16, 0, 5, 10), b"sk22": Entry("1" * 16 + ".pkl", 0, 7)})
     assert rows.fits(n, memoryview(body)) and rows.fits(0, memoryview(b""))
