@@ -118,6 +118,16 @@ class StoreMachine(RuleBasedStateMachine):
         self.handles[which].close()
         self.handles[which] = self._open()
 
+    @rule(which=st.integers(0, 1))
+    def compact(self, which: int) -> None:
+        """The journal rewritten now (it may evict first to make room for the rewrite); the other handle meets
+        the new journal on its next look."""
+        handle = self.handles[which]
+        with handle._lock, handle._journal:
+            handle._catch_up()
+            handle._compact_if_due(force=True)
+        self._drop_evicted(handle)
+
     @rule(level=st.sampled_from(list(Level)))
     def pressure(self, level: Level) -> None:
         self.level = level
