@@ -103,10 +103,15 @@ def sign(key: bytes, *parts: bytes | memoryview) -> bytes:
     """HMAC-SHA256 over the parts, led by their count and lengths so ``(b"ab", b"c")`` and ``(b"a", b"bc")``
     never sign alike."""
     mac = _keyed(key).copy()
-    mac.update(_lengths(len(parts)).pack(len(parts), *map(len, parts)))
+    mac.update(_frame(parts))
     for part in parts:
         mac.update(part)
     return mac.digest()
+
+
+def _frame(parts: tuple[bytes | memoryview, ...]) -> bytes:
+    """What leads every signature's input: the parts' count and lengths."""
+    return _lengths(len(parts)).pack(len(parts), *[len(part) for part in parts])
 
 
 @cache
@@ -142,9 +147,8 @@ def mac_keyed(keyed: hashlib.blake2b, *parts: bytes | memoryview) -> bytes:
         state.update(b"".join((_FOUR.pack(4, len(tag), len(key), len(version), len(value)), tag, key, version,
                                value)))
         return state.digest()
-    lengths = [len(part) for part in parts]
-    head = _lengths(len(parts)).pack(len(parts), *lengths)
-    if sum(lengths) <= _JOIN_MAX:
+    head = _frame(parts)
+    if sum(len(part) for part in parts) <= _JOIN_MAX:
         state.update(head + b"".join(parts))
     else:
         state.update(head)
@@ -164,7 +168,7 @@ def bulk_mac(key: bytes, *parts: bytes | memoryview) -> bytes:
     from blake3 import blake3  # on first use: importing apsi_memory does no work
 
     state = blake3(key=key)
-    state.update(_lengths(len(parts)).pack(len(parts), *[len(part) for part in parts]))
+    state.update(_frame(parts))
     for part in parts:
         state.update(part)
     return state.digest()

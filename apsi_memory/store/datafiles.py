@@ -42,9 +42,9 @@ def load(seal: Seal, key: bytes, entry: Entry, data_fd: int) -> tuple[Any, _Held
 
 def write_mapped(name: str, data_fd: int, parts: tuple[bytes | memoryview, ...], size: int,
                  full: Callable[[], DiskFullError]) -> np.ndarray | None:
-    """Write a new ``.npy`` file of ``size`` bytes (header first, signature last) and return its array mapped from it, for the RAM
-    tier: the page cache's copy, not a second one. ``None`` if it cannot be mapped (the file is written all the
-    same); on a failed write nothing is left behind."""
+    """Write a new ``.npy`` file of ``size`` bytes (header first, signature last) and return its array mapped from
+    it, for the RAM tier: the page cache's copy, not a second one. ``None`` if it cannot be mapped (the file is
+    written all the same); on a failed write nothing is left behind."""
     with new_file(name, full, data_fd, os.O_RDWR) as fd:
         writev_all(fd, parts)
     try:
