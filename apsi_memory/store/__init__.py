@@ -28,14 +28,23 @@ names is an orphan nobody reads (swept later). An entry reads back whole or not 
 *Sizes are running totals*: the journal replays into an in-memory LRU index (``tiers._Index``) holding each entry's
 size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also
 restores recency without unpickling anything: reads are remembered and written as one ``T`` record with the next
-write (or every 512 reads, or at exit), so a read costs no disk write.
+write (or every 512 reads, or at exit), so a read costs no disk write; they reach this process's own index in the
+same batches, before anything that needs its order (iteration, eviction, compaction, a checkpoint).
+
+*RAM tier*: values last used, least recently used out first, within ``ram_mb``: a pickle's bytes (unpickled on
+every get, so callers never share a mutable object), a small array's read-only copy, and a big array as the
+read-only mapping of its file (the page cache's copy, not a second one: a ``set`` writes the file, then maps it).
 
 *Checkpoint*: once 4096 records (and 1/8 of the entries) were appended since the last one, or at ``close`` after
-4096, a writer saves the index (``checkpoint.py``: signed, bound to the journal's epoch and the bytes before the
+4096, a writer saves the index (``checkpoint.py``: signed with keyed BLAKE3, bound to the journal's epoch and the bytes before the
 offset it covers, written to a temp file and renamed); an open verifies it, looks keys up in its fixed-width rows
 in place (``rows.py``: no dict of every entry is built until whole-index order is wanted) and replays the tail
 only. One that is stale, changed, of an earlier layout or missing is ignored and the journal replayed whole: it is
 a shortcut, never the truth.
+
+*Room for removals*: the journal keeps 64 KiB allocated past its end (``fallocate``, size unchanged) that only
+appends without a new value use; a ``set`` that would eat into it is refused with ``DiskFullError``. So deletes,
+evictions and the removal of a damaged entry are recorded even on a disk something else filled.
 
 *Compaction*: replaced and deleted inline values stay in the journal as dead bytes until they outweigh the live
 ones (or the store is over its limit on disk); then the journal is rewritten with the live entries only, and a
