@@ -7,8 +7,8 @@ offset it covers, plus the 32 bytes of the journal just before that offset (the 
 store's key (keyed BLAKE3, ``signing.bulk_mac``: every open verifies it whole), and it is only ever an
 accelerator: one that is missing, of another epoch (the journal was compacted or cleared since), past the
 journal's end, anchored to other bytes, or not verifying is ignored (the last with a ``TamperWarning``) and the
-journal is replayed whole, as before; so is one of an earlier layout (another magic). Nothing in it is read before its signature
-checks out, and nothing in it is unpickled.
+journal is replayed whole, as before; so is one of an earlier layout (another magic). Nothing in it is read
+before its signature checks out, and nothing in it is unpickled.
 
 It is written under the journal lock to a fresh temp file (the compaction's ``index.<hex>.tmp`` form, so a writer
 killed mid-way leaves a temp that the next compaction removes) and renamed over the old one: a reader sees the old

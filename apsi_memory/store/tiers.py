@@ -74,13 +74,13 @@ class _Index:
         """``keys`` to the recent end, in order (a key removed meanwhile is skipped: a touch record may name a key
         deleted since)."""
         changes = self._changes
-        take = changes.pop if self._base is None else self._take  # once built, the dict is all of it
+        built = self._base is None  # then the dict is all of it: a move within it
         for key in keys:
-            entry = take(key, None)
+            entry = changes.pop(key, None) if built else self._take(key)
             if entry is not None:
                 changes[key] = entry
 
-    def _take(self, key: bytes, _: None = None) -> Entry | None:
+    def _take(self, key: bytes) -> Entry | None:
         """``key``'s entry taken out of recency order (a base row is marked gone), totals untouched."""
         entry = self._changes.pop(key, None)
         if entry is None and self._base is not None and key not in self._gone:
@@ -138,16 +138,8 @@ class _RamTier:
         self.total = 0
         self.limit = limit
 
-    def get(self, key: bytes) -> _Held | None:
-        held = self.values.get(key)
-        if held is not None:
-            self.values.move_to_end(key)
-        return held
-
     def put(self, key: bytes, held: _Held) -> None:
-        old = self.values.pop(key, None)
-        if old is not None:
-            self.total -= old.nbytes
+        self.drop(key)
         if held.nbytes > self.limit:
             return
         self.values[key] = held
