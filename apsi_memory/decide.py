@@ -326,6 +326,17 @@ def combine_levels(levels: Sequence[GroupLevel], physical: int) -> GroupMemory |
     return GroupMemory(limit, limit_file, nearest, free)
 
 
+def charged_levels(use_hierarchy: Sequence[bool]) -> int:
+    """cgroup v1: how many levels, from the group up, a charge reaches, and so whose limits and headroom count.
+    ``use_hierarchy`` holds each level's ``memory.use_hierarchy`` from the group up. A parent with it at 0 (possible
+    before Linux 5.11) does not charge its children: the climb stops below it, as the kernel's own
+    ``hierarchical_memory_limit`` does. A level's own flag is about its children, so the group's is not looked at."""
+    for level, hierarchical in enumerate(use_hierarchy[1:], start=1):
+        if not hierarchical:
+            return level
+    return max(1, len(use_hierarchy))
+
+
 def usable_memory(host_total: int, limit: int | None) -> int:
     """What the kernel lets this process use before it is killed: the smaller of RAM and the cgroup limit."""
     return host_total if limit is None else min(host_total, limit)

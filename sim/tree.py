@@ -5,7 +5,7 @@ their ``root`` argument (or ``APSI_FS_ROOT`` for a subprocess), exactly as they 
 at the bottom build the machines users run on: a bare host, Docker on cgroup v1, a Kubernetes pod on v2, a systemd
 slice whose parent has the smaller limit, a cgroup namespace, a hybrid v1+v2 host, PSI disabled, v1 with 64 KiB
 pages, a service without the memory controller under a limited slice, a process outside the reader's cgroup
-namespace, and a group that is not under its mount's root.
+namespace, a group that is not under its mount's root, and v1 with ``memory.use_hierarchy`` 0.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ class SimTree:
 
     # -- cgroups ---------------------------------------------------------------------------------------------------
 
-    def mount(self, mount_point: str, fstype: str, options: str, root: str = "/") -> SimTree:
+    def mount(self, mount_point: str, fstype: str, options: str, root: str = "/", source: str | None = None) -> SimTree:
+        """A mountinfo line; ``source=""`` is an empty mount source (the kernel prints nothing for it)."""
         mount_id = 30 + len(self._mounts)
         self._mounts.append(f"{mount_id} 25 0:{mount_id} {root} {mount_point} rw,nosuid,nodev,noexec,relatime "
-                            f"shared:{mount_id} - {fstype} {fstype} rw,{options}")
+                            f"shared:{mount_id} - {fstype} {fstype if source is None else source} rw,{options}")
         self._write_mounts()
         return self
 
@@ -94,11 +95,15 @@ class SimTree:
         self.write("/proc/self/mountinfo", "\n".join(base + self._mounts) + "\n")
 
     def v1_group(self, directory: str, limit: int | None = None, usage: int = 0, inactive_file: int = 0,
-                 hierarchical_limit: int | None = None, page_size: int = 4096) -> SimTree:
+                 hierarchical_limit: int | None = None, page_size: int = 4096,
+                 use_hierarchy: bool = True) -> SimTree:
+        """A v1 group's files. ``use_hierarchy=False`` (possible before Linux 5.11): the group's children are not
+        charged to it, so its limit does not apply to them."""
         unlimited = v1_unlimited(page_size)
         limit = unlimited if limit is None else limit
         self.write(f"{directory}/memory.limit_in_bytes", f"{limit}\n")
         self.write(f"{directory}/memory.usage_in_bytes", f"{usage}\n")
+        self.write(f"{directory}/memory.use_hierarchy", f"{int(use_hierarchy)}\n")
         hierarchical = limit if hierarchical_limit is None else hierarchical_limit
         self.write(f"{directory}/memory.stat",
                    f"cache {inactive_file}\nrss {max(0, usage - inactive_file)}\ninactive_file {inactive_file}\n"
@@ -203,6 +208,18 @@ def v1_unlimited_64k(root: str | os.PathLike[str]) -> SimTree:
     tree.mount("/sys/fs/cgroup/memory", "cgroup", "memory").member("4:memory:/user.slice")
     tree.v1_group("/sys/fs/cgroup/memory", page_size=65536)
     return tree.v1_group("/sys/fs/cgroup/memory/user.slice", usage=3 * GiB, page_size=65536)
+
+
+def v1_without_hierarchy(root: str | os.PathLike[str], parent_limit: int = 1 * GiB, group_limit: int | None = 2 * GiB,
+                         parent_usage: int = 900 * MiB, usage: int = 512 * MiB) -> SimTree:
+    """A kernel before 5.11 without systemd: the v1 root and every group under it keep ``memory.use_hierarchy``
+    0. ``/batch`` has a 1 GiB limit, but its child ``/batch/job`` (ours) is not charged to it: only the job's own
+    limit (and its ``hierarchical_memory_limit``, which the kernel computes stopping at ``/batch``) applies."""
+    tree = _machine(root, total=16 * GiB, available=12 * GiB)
+    tree.mount("/sys/fs/cgroup/memory", "cgroup", "memory").member("4:memory:/batch/job")
+    tree.v1_group("/sys/fs/cgroup/memory", use_hierarchy=False)
+    tree.v1_group("/sys/fs/cgroup/memory/batch", parent_limit, parent_usage, use_hierarchy=False)
+    return tree.v1_group("/sys/fs/cgroup/memory/batch/job", group_limit, usage, use_hierarchy=False)
 
 
 def service_without_memory_controller(root: str | os.PathLike[str], slice_limit: int = 1 * GiB,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..decide import V1_LIMIT_FILES, V1_STAT_LIMIT, V2_LIMIT_FILES, GroupLevel, combine_levels
+from ..decide import V1_LIMIT_FILES, V1_STAT_LIMIT, V2_LIMIT_FILES, GroupLevel, charged_levels, combine_levels
 from ..errors import CorruptFileError
 from .files import KernelFiles
 from .procfs import CgroupEntry, Mount, parse_mountinfo, parse_self_cgroup
@@ -154,13 +154,15 @@ class _Files:
     usage: str
     inactive_file: tuple[str, ...]  # first present wins: v1's hierarchical total before the group's own
     stat_limit: str | None  # a limit kept in memory.stat
+    hierarchy: str | None = None  # v1's memory.use_hierarchy: 0 on a parent keeps its limit off its children
 
     @property
     def stat_fields(self) -> tuple[str, ...]:
         return self.inactive_file + ((self.stat_limit,) if self.stat_limit else ())
 
 
-V1 = _Files(V1_LIMIT_FILES, "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"), V1_STAT_LIMIT)
+V1 = _Files(V1_LIMIT_FILES, "memory.usage_in_bytes", ("total_inactive_file", "inactive_file"), V1_STAT_LIMIT,
+            "memory.use_hierarchy")
 V2 = _Files(V2_LIMIT_FILES, "memory.current", ("inactive_file",), None)
 
 
@@ -171,12 +173,22 @@ class _LevelPaths:
     stat: str
     limits: tuple[str, ...]
     usage: str
+    hierarchy: str | None
 
 
 def _level_paths(files: _Files, directory: str) -> _LevelPaths:
     return _LevelPaths(os.path.join(directory, "memory.stat"),
                        tuple(os.path.join(directory, name) for name in files.limits),
-                       os.path.join(directory, files.usage))
+                       os.path.join(directory, files.usage),
+                       None if files.hierarchy is None else os.path.join(directory, files.hierarchy))
+
+
+def _charged(source: KernelFiles, levels: list[_LevelPaths]) -> list[_LevelPaths]:
+    """The levels a charge of the group reaches (v1: up to a parent with ``memory.use_hierarchy`` 0). A missing
+    flag file is hierarchical: v2, and v1 since Linux 5.11, have nothing else."""
+    flags = [(_read_number(source, level.hierarchy, parse_bytes) if level.hierarchy else None) != 0
+             for level in levels]
+    return levels[:charged_levels(flags)]
 
 
 def _read_number(source: KernelFiles, path: str, parse: Callable[[str, str], int | None]) -> int | None:
@@ -204,6 +216,9 @@ class Layout:
     entries: list[CgroupEntry]
     mounts: list[Mount]
     texts: tuple[str | None, str | None] = (None, None)
+    # The levels a charge reaches, found once: v1 refuses to change a group's use_hierarchy while it has children,
+    # and every parent of ours has one (us).
+    _charged: dict[int, list[_LevelPaths]] = field(default_factory=dict, compare=False, repr=False)
 
     def locate(self, version: int) -> Location | None:
         return self.located[version]
@@ -221,6 +236,12 @@ class Layout:
             if found is not None and not found.problem:
                 paths[version] = [_level_paths(files, level) for level in _levels(found.directory, found.mount_point)]
         return paths
+
+    def charged_paths(self, version: int, source: KernelFiles) -> list[_LevelPaths]:
+        """``level_paths`` of ``version`` up to where the group's charges stop."""
+        if version not in self._charged:
+            self._charged[version] = _charged(source, self.level_paths[version])
+        return self._charged[version]
 
     @property
     def v2_directory(self) -> str | None:
@@ -252,7 +273,8 @@ def read_cgroup_memory(physical: int, source: KernelFiles, layout: Layout) -> Cg
         if found.problem:
             problem = problem or found.problem
             continue
-        group = combine_levels([_read_level(source, files, paths) for paths in layout.level_paths[version]], physical)
+        levels = layout.charged_paths(version, source)
+        group = combine_levels([_read_level(source, files, paths) for paths in levels], physical)
         if group is not None:
             return CgroupMemory(version, found.entry.path, found.directory, group.limit, group.limit_file,
                                 group.working_set, group.free, found.guessed)

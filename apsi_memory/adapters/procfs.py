@@ -113,17 +113,21 @@ def _unescape(field: str) -> str:
 
 
 def parse_mountinfo(text: str, path: str = "/proc/self/mountinfo") -> list[Mount]:
-    mounts = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        before, sep, after = line.partition(" - ")
-        head, tail = before.split(), after.split()
-        if not sep or len(head) < 6 or len(tail) < 2:
-            raise CorruptFileError(path, f"line {line!r} is not a mountinfo line")
-        options = tuple(tail[2].split(",")) if len(tail) > 2 else ()
-        mounts.append(Mount(_unescape(head[3]), _unescape(head[4]), tail[0], options))
-    return mounts
+    """By proc(5)'s field rules: fields are split on single spaces (the kernel escapes a space inside one as
+    ``\\040``), six fixed ones, optional ``tag:value`` ones up to a lone ``-``, then the filesystem type, the
+    mount source and the super options. The source may be empty (mount(2) accepts ``""``; two spaces follow the
+    type): splitting on runs of whitespace would take the options for the source and lose them."""
+    return [_mount(line, path) for line in text.splitlines() if line.strip()]
+
+
+def _mount(line: str, path: str) -> Mount:
+    fields = line.split(" ")
+    separator = fields.index("-", 6) if "-" in fields[6:] else -1
+    if separator < 0 or len(fields) < separator + 3:
+        raise CorruptFileError(path, f"line {line!r} is not a mountinfo line")
+    fstype, options = fields[separator + 1], fields[separator + 3] if len(fields) > separator + 3 else ""
+    return Mount(_unescape(fields[3]), _unescape(fields[4]), _unescape(fstype),
+                 tuple(_unescape(option) for option in options.split(",") if option))
 
 
 def parse_loadavg(text: str, path: str = "/proc/loadavg") -> float:
