@@ -23,7 +23,11 @@ stale reference to a given-back array still exists (it then reads zeros).
 
 Handed-out arrays are plain ``numpy.ndarray``s over the pool's buffer. ``give(a)`` makes ``a`` read-only, so a
 write through it after giving it back raises NumPy's ``ValueError`` instead of corrupting the next user's data.
-An array that is never given back is simply freed when it is no longer used.
+A view of ``a`` made before ``give`` cannot be made read-only (NumPy has no way to reach it; ``mprotect`` would
+turn a stale write into a crash): ``give`` sees that such a view still holds the buffer and does not reuse it, so
+the view keeps its values and a write through it reaches no later ``take``'s data; the buffer is freed with the
+view. Keeping a slice of a temporary as a result is therefore safe. An array that is never given back is simply
+freed when it is no longer used.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -194,7 +199,9 @@ class Pool:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._spares: list[_Buffer] = []  # oldest first
-        self._out: dict[int, tuple[weakref.ref[np.ndarray], _Buffer]] = {}  # by id(array handed out)
+        # by id(array handed out): the array, its buffer, and the references to the array under it when it was
+        # handed out (more at give: a view of it is still alive)
+        self._out: dict[int, tuple[weakref.ref[np.ndarray], _Buffer, int]] = {}
         self._given: dict[int, weakref.ref[np.ndarray]] = {}  # arrays given back, to name a second give
         self._machine = machine()  # the one whose levels this pool hears
         self._level = self._machine.current_level()
@@ -230,7 +237,9 @@ class Pool:
             _clearer.submit(self, spare)
         if buffer is None:
             buffer = _Buffer(nbytes)
-        return self._hand_out(np.ndarray(dims, kind, buffer=buffer.memory), buffer)
+        # Handed out as a view of an array only the pool makes: NumPy points every view of ``a`` (and of its views)
+        # at that array, so its references count the views, whatever other names ``a`` itself has.
+        return self._hand_out(np.ndarray(dims, kind, buffer=buffer.memory).view(), buffer)
 
     def _set_wants_zero(self, zero: bool) -> list[_Buffer]:
         """Record the mode; on a switch to ``zero=True`` the dirty spares need clearing (returned)."""
@@ -243,32 +252,34 @@ class Pool:
         # If the caller drops ``a`` without giving it back, forget it: the buffer is then freed with it.
         ref = weakref.ref(a, lambda _: out.pop(key, None))
         with self._lock:
-            self._out[key] = (ref, buffer)
+            self._out[key] = (ref, buffer, sys.getrefcount(a.base))
         buffer.clean = False
         return a
 
     def give(self, a: np.ndarray) -> None:
-        """Return an array ``take`` handed out. Do not use ``a`` afterwards: it becomes read-only."""
-        buffer = self._take_back(a)
+        """Return an array ``take`` handed out. Do not use ``a`` afterwards: it becomes read-only. While a view of
+        ``a`` made before lives, its buffer is not reused (a write through the view reaches no one else's data)."""
+        buffer, refs = self._take_back(a)
         a.flags.writeable = False
+        viewed = sys.getrefcount(a.base) > refs  # a view made since the take holds the array under ``a``
         self._level = self._machine.current_level()
         with self._lock:
             key, given = id(a), self._given
             given[key] = weakref.ref(a, lambda _: given.pop(key, None))
-            dropped = self._keep(buffer)
+            dropped = [] if viewed else self._keep(buffer)
             clear = self._wants_zero and buffer in self._spares
         self._drop(dropped)
         if clear:
             _clearer.submit(self, buffer)
 
-    def _take_back(self, a: Any) -> _Buffer:
+    def _take_back(self, a: Any) -> tuple[_Buffer, int]:
         if not isinstance(a, np.ndarray):
             raise PoolError(f"pool.give takes an array from pool.take, not {type(a).__name__}")
         with self._lock:
             out = self._out.get(id(a))
             if out is not None and out[0]() is a:
                 del self._out[id(a)]
-                return out[1]
+                return out[1], out[2]
             given = self._given.get(id(a))
         if given is not None and given() is a:
             raise PoolError("this array was already given back to the pool (a buffer can be given back once)")

@@ -109,6 +109,35 @@ def test_a_given_back_array_becomes_read_only(pressure_machine):
         a[0] = 1.0
 
 
+@pytest.mark.parametrize("make_view", [lambda a: a[10:], lambda a: a.reshape(10, 10), lambda a: a.T[::2],
+                                       lambda a: a[:50][5:]], ids=["slice", "reshape", "strided", "view of a view"])
+def test_a_view_kept_past_give_never_writes_into_the_next_take(pressure_machine, make_view):
+    """NumPy cannot make a view read-only after the fact (only mprotect could, and then a stale write would crash
+    the process): a buffer with a view still alive at give is not reused, so the view writes into memory no
+    later take is handed, and keeps its values."""
+    p = Pool(MiB)
+    a = p.take(100, zero=False)
+    a[:] = 1.0
+    view = make_view(a)
+    p.give(a)
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 3.0
+    b = p.take(100, zero=False)
+    b[:] = 2.0
+    view[...] = 9.0  # a stale write, as a bug would make it
+    assert (b == 2.0).all() and (view == 9.0).all()
+    assert address(b) != address(a) and p.spares == 0
+
+
+def test_a_buffer_is_reused_once_the_view_that_kept_it_is_gone_whatever_names_the_array_has(pressure_machine):
+    p = Pool(MiB)
+    a = p.take(100, zero=False)
+    view, alias, held = a[1:], a, [a, a]
+    del view
+    p.give(alias)
+    assert address(p.take(100, zero=False)) == address(a) and held[0] is a
+
+
 @pytest.mark.parametrize("wrong,message", [
     ("twice", "already given back"),
     ("view", "not handed out by this pool"),
