@@ -117,10 +117,12 @@ _lock = threading.Lock()
 def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     """``(200_000_000, 8)`` from an int or a sequence of ints; ``ValueError``/``TypeError`` naming the shape."""
     try:
-        dims = (operator.index(shape),) if isinstance(shape, (int, np.integer)) else tuple(
-            map(operator.index, shape))
+        items = (shape,) if isinstance(shape, (int, np.integer, np.bool_)) else tuple(shape)
+        dims = tuple(operator.index(dim) for dim in items if not isinstance(dim, (bool, np.bool_)))
     except TypeError:
         raise ArgumentTypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
+    if len(dims) < len(items):  # [True, 2] would read as (1, 2)
+        raise ArgumentTypeError(f"shape {shape!r} holds a bool, which is not a size")
     if dims and min(dims) < 0:
         raise ArgumentError(f"shape {shape!r} has a negative dimension")
     return dims

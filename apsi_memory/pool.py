@@ -48,7 +48,7 @@ from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shap
 from .decide import Level
 from .errors import ArgumentTypeError, PoolError
 from .machinery import machine
-from .units import fmt_mb, parse_size
+from .units import byte_count, fmt_mb, parse_size
 
 PAGE = mmap.PAGESIZE
 DEFAULT_SHARE_OF_BUDGET = 10  # spares may hold a tenth of the budget
@@ -197,7 +197,7 @@ class Pool:
     """Spare buffers for big temporaries: ``take`` one, use it, ``give`` it back."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+        self.max_bytes = byte_count(max_bytes, "Pool: max_bytes")
         self._spares: list[_Buffer] = []  # oldest first
         # by id(array handed out): the array, its buffer, and the references to the array under it when it was
         # handed out (more at give: a view of it is still alive)

@@ -61,6 +61,19 @@ def _checked(value: float, factor: int, shown: str) -> int:
     return int(size)
 
 
+def byte_count(value: object, name: str) -> int:
+    """``value`` as a whole number of bytes, at least 0: ``ArgumentTypeError`` for anything but an integer (a
+    float, a bool, a string), ``ArgumentError`` for a negative or impossibly large one; both name ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentTypeError(f"{name} must be a whole number of bytes, not {type(value).__name__} ({value!r})")
+    number = int(value)
+    if number < 0:
+        raise ArgumentError(f"{name} must be at least 0, not {number}")
+    if number >= 2**63:
+        raise ArgumentError(f"{name} of {number} bytes is larger than any machine's memory")
+    return number
+
+
 MAX_SECONDS = TIMEOUT_MAX  # the longest wait the platform can do: a longer one overflows (292 years on Linux)
 
 

@@ -14,9 +14,11 @@ and the watcher keeps watching.
 from __future__ import annotations
 
 import gc
+import numbers
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from . import _libc
 from .adapters.clock import Clock
@@ -55,8 +57,11 @@ class Watcher:
         self.every = seconds(every, "on_pressure: every")
         self.repeat = seconds(repeat, "on_pressure: repeat")
         watched = machine()
+        if read is not None and not callable(read):
+            raise ArgumentTypeError(f"on_pressure: read must be a function returning a Pressure, not "
+                                    f"{type(read).__name__}")
         self.read = read or watched.pressure  # a reading also tells the components of a new level
-        self.clock = clock or watched.clock
+        self.clock = watched.clock if clock is None else _checked_clock(clock)
         self.checks = 0  # readings taken
         self.calls = 0  # calls of fn
         self._last_call: float | None = None
@@ -104,6 +109,19 @@ class Watcher:
         state = "running" if self.running else "stopped"
         return (f"<on_pressure {state}: level {self.level}, every {self.every:g} s, repeat {self.repeat:g} s, "
                 f"{self.calls} calls>")
+
+
+def _checked_clock(clock: Any) -> Clock:
+    """``clock`` if it can drive the thread: a bad one found only there would end the thread on its first wait."""
+    if not (callable(getattr(clock, "now", None)) and callable(getattr(clock, "wait", None))):
+        raise ArgumentTypeError(f"on_pressure: clock must have now() and wait(seconds, stop), as "
+                                f"apsi_memory.adapters.clock.SystemClock does; {type(clock).__name__} has not")
+    now = clock.now()
+    if isinstance(now, bool) or not isinstance(now, numbers.Real):
+        raise ArgumentTypeError(f"on_pressure: clock.now() must return a number of seconds, not "
+                                f"{type(now).__name__} ({now!r})")
+    checked: Clock = clock
+    return checked
 
 
 def on_pressure(fn: Callable[[Pressure], object], level: Level | str = "high", every: float = 1,

@@ -10,6 +10,7 @@ import io
 import math
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,58 @@ def test_bad_watch_flags_are_a_usage_error(args, problem):
     result = run("pressure", *args)
     assert result.returncode == 2 and result.stdout == ""
     assert problem in result.stderr and "Traceback" not in result.stderr
+
+
+# -- issue 20 item 8: nonsense that was accepted silently -------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [[True, 2], (2, False), True, np.bool_(True), [np.bool_(False)]])
+def test_a_bool_is_not_a_size_in_a_shape(shape):
+    with pytest.raises(ArgumentTypeError, match="bool"):
+        memory.array(shape)
+    with pytest.raises(ArgumentTypeError, match="bool"):
+        memory.pool().take(shape)
+
+
+@pytest.mark.parametrize(("max_bytes", "error", "problem"), [
+    (-1, ArgumentError, "at least 0"), (math.nan, ArgumentTypeError, "float"), (math.inf, ArgumentTypeError, "float"),
+    (1.5, ArgumentTypeError, "float"), (True, ArgumentTypeError, "bool"), ("1GB", ArgumentTypeError, "str"),
+    (None, ArgumentTypeError, "NoneType"), (2**70, ArgumentError, "larger than any machine's memory"),
+])
+def test_a_pool_bound_must_be_a_whole_number_of_bytes(max_bytes, error, problem):
+    with pytest.raises(error, match=f"Pool: max_bytes .*{problem}"):
+        memory.Pool(max_bytes)
+
+
+def test_a_pool_bound_takes_numpy_integers():
+    assert memory.Pool(np.int64(4096)).max_bytes == 4096
+
+
+class _NoWait:
+    def now(self) -> float:
+        return 0.0
+
+
+class _StringTime:
+    def now(self) -> str:
+        return "noon"
+
+    def wait(self, seconds: float, stop: object = None) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("clock", "problem"), [
+    (object(), "clock must have now\\(\\) and wait\\(seconds, stop\\)"),
+    (_NoWait(), "clock must have now\\(\\) and wait\\(seconds, stop\\)"),
+    (_StringTime(), "clock.now\\(\\) must return a number of seconds, not str"),
+    (__import__("time").monotonic, "clock must have now\\(\\) and wait\\(seconds, stop\\)"),
+])
+def test_a_watcher_with_a_bad_clock_is_refused_before_any_thread_starts(clock, problem):
+    before = threading.active_count()
+    with pytest.raises(ArgumentTypeError, match=problem):
+        Watcher(print, clock=clock).start()
+    assert threading.active_count() == before
+
+
+def test_a_watcher_with_a_bad_read_is_refused():
+    with pytest.raises(ArgumentTypeError, match="on_pressure: read must be a function"):
+        Watcher(print, read=42)  # type: ignore[arg-type]
