@@ -34,6 +34,7 @@ from .blocks import block_spans, rows_per_block
 from .pages import BlockPages
 from .progress import progress_bar
 from .sources import Source, resolve_source
+from .units import flag
 
 
 def chunks(source: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *,
@@ -44,9 +45,10 @@ def chunks(source: str | os.PathLike[str] | np.ndarray, rows: int | None = None,
     ``progress=True`` shows a bar with rows done, throughput and time left (needs tqdm).
     Bad input raises here, not at the first block.
     """
+    show = flag(progress, "chunks: progress")
     resolved = resolve_source(source)
     block_rows = rows_per_block(resolved.row_bytes(), rows)
-    return _stream(resolved, block_rows, progress)
+    return _stream(resolved, block_rows, show)
 
 
 def _stream(source: Source, rows: int, progress: bool) -> Iterator[np.ndarray]:

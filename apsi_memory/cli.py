@@ -13,7 +13,7 @@ from . import cli_files
 from ._version import __version__
 from .api import cores, limits, pressure
 from .decide import chunk_bytes, worker_memory_limit
-from .errors import ApsiMemoryError, ArgumentError
+from .errors import ApsiMemoryError
 from .machinery import machine
 from .status import status
 from .units import seconds
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dask_limit(workers: int | None, as_json: bool) -> int:
     try:
         _show(DaskLimit(workers), as_json)
-    except ArgumentError as exc:  # too many workers for this memory
+    except ApsiMemoryError as exc:  # too many workers for this memory, a kernel file that cannot be read
         print(f"apsi-memory: {exc}", file=sys.stderr)
         return 1
     return 0

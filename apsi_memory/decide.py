@@ -41,6 +41,12 @@ class _StrChoices(enum.EnumMeta):
         return sorted(name for name in {*super().__dir__(), *vars(cls)} if name in vars(cls) or not hasattr(str, name))
 
 
+def _unknown_choice(cls: type[enum.Enum], value: object) -> None:
+    """An enum's ``_missing_``: a value that is none of its members is an ``ArgumentError`` naming them."""
+    names = ", ".join(str(member.value) for member in cls)
+    raise ArgumentError(f"unknown {cls.__name__} {value!r}; use one of {names}")
+
+
 class Level(str, enum.Enum, metaclass=_StrChoices):
     """A pressure level: ``ok`` < ``moderate`` < ``high`` < ``critical`` (``LEVEL_TABLE`` says when each is
     entered and left). A ``str``: compares with the plain strings too (``level == "high"``, ``level >= "high"``)."""
@@ -49,6 +55,10 @@ class Level(str, enum.Enum, metaclass=_StrChoices):
     MODERATE = "moderate"
     HIGH = "high"
     CRITICAL = "critical"
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        _unknown_choice(cls, value)
 
     def __str__(self) -> str:
         return self.value
@@ -177,6 +187,10 @@ class Place(str, enum.Enum, metaclass=_StrChoices):
 
     RAM = "RAM"
     SSD = "SSD"
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        _unknown_choice(cls, value)
 
     def __str__(self) -> str:
         return self.value

@@ -17,6 +17,7 @@ classes below; the README shows the same drawing)::
     ├── UnsafePathError(PermissionError)
     ├── SystemCallError(OSError)
     ├── MissingKeyError(KeyError)
+    ├── MissingFileError(FileNotFoundError)
     ├── MissingExtraError(ImportError)
     ├── BlockError(RuntimeError)
     └── BatchTooSmallError(MemoryError)
@@ -100,6 +101,11 @@ class SystemCallError(ApsiMemoryError, OSError):
 
 class MissingKeyError(ApsiMemoryError, KeyError):
     """``store[key]`` or ``del store[key]`` for a key that is not there."""
+
+
+class MissingFileError(ApsiMemoryError, FileNotFoundError):
+    """A file or folder the caller named that is not there (a ``.npy`` given to ``chunks``, a machine's root);
+    names it."""
 
 
 class MissingExtraError(ApsiMemoryError, ImportError):

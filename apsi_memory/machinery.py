@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 
-from .adapters.clock import Clock, SystemClock
+from .adapters.clock import Clock, SystemClock, checked_clock
 from .adapters.procfs import ProcStatus, read_proc_status
 from .decide import Level, default_budget
 from .errors import BudgetWarning, SizeError
@@ -37,7 +37,7 @@ class Machine:
     """One machine as the library sees it (see the module docstring)."""
 
     def __init__(self, root: str | None = None, clock: Clock | None = None) -> None:
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock = SystemClock() if clock is None else checked_clock(clock, "Machine: clock")
         self.reader = MemoryReader(root)  # its kernel files stay open until the machine is collected
         self.ledger = Ledger()
         self.components = Components()

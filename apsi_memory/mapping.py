@@ -35,11 +35,13 @@ import numpy as np
 
 from . import arrays
 from .blocks import block_spans, positive_count, rows_per_block
+from .errors import ArgumentTypeError
 from .machinery import machine
 from .pages import BlockPages
 from .progress import Progress, progress_bar
 from .rowblocks import BLOCKS_PER_WORKER, Spans, Stop, check_like, check_storable, result_of, run_in_order
 from .sources import resolve_source
+from .units import flag
 
 
 def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,
@@ -49,6 +51,9 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
     path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight
     hold about 32 MB of input. ``engine``: a ``distributed.Client`` to run the blocks on its cluster (``workers``
     then defaults to the cluster's threads). See the module docstring for the rules."""
+    if not callable(fn):  # else every block would fail with the same TypeError, reported as the block's
+        raise ArgumentTypeError(f"map needs a function of a block, not {type(fn).__name__}")
+    progress = flag(progress, "map: progress")
     if engine is not None:
         from .dask import map_on_cluster  # the dask extra, imported only when asked for
 

@@ -46,9 +46,9 @@ import numpy as np
 from ._once import fork_hooks
 from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
 from .decide import Level
-from .errors import ArgumentTypeError, PoolError
+from .errors import PoolError
 from .machinery import machine
-from .units import byte_count, fmt_mb, parse_size
+from .units import byte_count, flag, fmt_mb, parse_size
 
 PAGE = mmap.PAGESIZE
 DEFAULT_SHARE_OF_BUDGET = 10  # spares may hold a tenth of the budget
@@ -223,9 +223,7 @@ class Pool:
         """An array of ``shape`` and ``dtype`` on an already-mapped spare when one fits, else on fresh memory.
 
         ``zero=True`` gives zeros; ``zero=False`` whatever the buffer held (faster when you overwrite it all)."""
-        if not isinstance(zero, (bool, np.bool_)):  # "no" would read as True
-            raise ArgumentTypeError(f"take: zero must be True or False, not {type(zero).__name__} ({zero!r})")
-        zero = bool(zero)
+        zero = flag(zero, "take: zero")
         dims, kind = normalize_shape(shape), normalize_dtype(dtype)
         nbytes = nbytes_of(dims, kind)
         self._level = self._machine.current_level()  # an allocation path: may also tell us (on_level) to drop spares

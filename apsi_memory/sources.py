@@ -12,6 +12,7 @@ is fine, as its blocks are plain views either way.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sys
@@ -21,7 +22,7 @@ from typing import Literal
 import numpy as np
 import numpy.lib.format as npy_format
 
-from .errors import ChunkError, CorruptFileError
+from .errors import ChunkError, CorruptFileError, MissingFileError
 from .pages import file_region
 
 
@@ -40,7 +41,11 @@ _HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.
 def read_npy_header(path: str) -> NpyHeader:
     """The header of a ``.npy`` file, checked against the file's size. Never unpickles anything."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below; only the open's failure is named here
+    except FileNotFoundError:
+        raise MissingFileError(errno.ENOENT, "No such .npy file", path) from None
+    with f:
         try:
             version = npy_format.read_magic(f)
         except ValueError:

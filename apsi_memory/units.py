@@ -12,6 +12,8 @@ import numbers
 import re
 from threading import TIMEOUT_MAX
 
+import numpy as np
+
 from .errors import ArgumentError, ArgumentTypeError, SizeError
 
 KiB = 1 << 10
@@ -72,6 +74,13 @@ def byte_count(value: object, name: str) -> int:
     if number >= 2**63:
         raise ArgumentError(f"{name} of {number} bytes is larger than any machine's memory")
     return number
+
+
+def flag(value: object, name: str) -> bool:
+    """``value`` as True or False: a string such as ``"no"`` (or a number) would read as its truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, not {type(value).__name__} ({value!r})")
+    return bool(value)
 
 
 MAX_SECONDS = TIMEOUT_MAX  # the longest wait the platform can do: a longer one overflows (292 years on Linux)

@@ -14,14 +14,12 @@ and the watcher keeps watching.
 from __future__ import annotations
 
 import gc
-import numbers
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from . import _libc
-from .adapters.clock import Clock
+from .adapters.clock import Clock, checked_clock
 from .decide import Level
 from .errors import ArgumentTypeError
 from .machinery import machine
@@ -61,7 +59,7 @@ class Watcher:
             raise ArgumentTypeError(f"on_pressure: read must be a function returning a Pressure, not "
                                     f"{type(read).__name__}")
         self.read = read or watched.pressure  # a reading also tells the components of a new level
-        self.clock = watched.clock if clock is None else _checked_clock(clock)
+        self.clock = watched.clock if clock is None else checked_clock(clock, "on_pressure: clock")
         self.checks = 0  # readings taken
         self.calls = 0  # calls of fn
         self._last_call: float | None = None
@@ -109,19 +107,6 @@ class Watcher:
         state = "running" if self.running else "stopped"
         return (f"<on_pressure {state}: level {self.level}, every {self.every:g} s, repeat {self.repeat:g} s, "
                 f"{self.calls} calls>")
-
-
-def _checked_clock(clock: Any) -> Clock:
-    """``clock`` if it can drive the thread: a bad one found only there would end the thread on its first wait."""
-    if not (callable(getattr(clock, "now", None)) and callable(getattr(clock, "wait", None))):
-        raise ArgumentTypeError(f"on_pressure: clock must have now() and wait(seconds, stop), as "
-                                f"apsi_memory.adapters.clock.SystemClock does; {type(clock).__name__} has not")
-    now = clock.now()
-    if isinstance(now, bool) or not isinstance(now, numbers.Real):
-        raise ArgumentTypeError(f"on_pressure: clock.now() must return a number of seconds, not "
-                                f"{type(now).__name__} ({now!r})")
-    checked: Clock = clock
-    return checked
 
 
 def on_pressure(fn: Callable[[Pressure], object], level: Level | str = "high", every: float = 1,

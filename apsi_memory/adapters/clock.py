@@ -7,9 +7,12 @@ the same interface (the way ``trio.testing.MockClock`` implements trio's ``Clock
 
 from __future__ import annotations
 
+import numbers
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
+
+from ..errors import ArgumentTypeError
 
 
 class Clock(Protocol):
@@ -31,3 +34,16 @@ class SystemClock:
             time.sleep(seconds)
             return False
         return stop.wait(seconds)
+
+
+def checked_clock(clock: Any, name: str) -> Clock:
+    """``clock`` if it can be waited on: one without ``now()`` and ``wait()``, or whose ``now()`` is not a number,
+    is an ``ArgumentTypeError`` naming ``name`` now, not a thread that dies on its first wait."""
+    if not (callable(getattr(clock, "now", None)) and callable(getattr(clock, "wait", None))):
+        raise ArgumentTypeError(f"{name} must have now() and wait(seconds, stop), as "
+                                f"apsi_memory.adapters.clock.SystemClock does; {type(clock).__name__} has not")
+    now = clock.now()
+    if isinstance(now, bool) or not isinstance(now, numbers.Real):
+        raise ArgumentTypeError(f"{name}.now() must return a number of seconds, not {type(now).__name__} ({now!r})")
+    checked: Clock = clock
+    return checked

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentError, ArgumentTypeError, MissingFileError
 
 ROOT_ENV = "APSI_FS_ROOT"
 
@@ -12,9 +13,15 @@ ROOT_ENV = "APSI_FS_ROOT"
 def resolve(root: str | None) -> str:
     """``root``, or where none is given ``APSI_FS_ROOT`` (read now, not at import), else ``/``. The library itself
     always passes its machine's root (``apsi_memory.machine().root``); ``None`` is for direct calls."""
-    if root is not None and not isinstance(root, str):  # a number would fail deep inside os.path, unnamed
+    if root is None:
+        return os.environ.get(ROOT_ENV, "/")
+    if not isinstance(root, str):  # a number would fail deep inside os.path, unnamed
         raise ArgumentTypeError(f"root must be a folder (str) or None, not {type(root).__name__} ({root!r})")
-    return os.environ.get(ROOT_ENV, "/") if root is None else root
+    if not root:  # "" would read proc/meminfo relative to the working folder
+        raise ArgumentError("root must be a folder, not '' (None reads this machine's own files)")
+    if not os.path.isdir(root):  # every file would read as missing: the host's numbers, silently
+        raise MissingFileError(errno.ENOENT, "root is not a folder", root)
+    return root
 
 
 def under(root: str, path: str) -> str:
