@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import apsi_memory as memory
 import sim
@@ -77,6 +79,14 @@ def test_the_captured_empty_source_tree_reads_the_groups_limit() -> None:
 def test_a_charge_climbs_only_through_hierarchical_parents(flags: list[bool], charged: int) -> None:
     # The group's own flag is about its children, not about it: only its parents' flags stop the climb.
     assert charged_levels(flags) == charged
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=12))
+def test_a_charge_stops_right_below_the_first_non_hierarchical_parent(flags: list[bool]) -> None:
+    charged = charged_levels(flags)
+    assert 1 <= charged <= len(flags) and all(flags[1:charged])  # every parent it reaches passes charges on
+    assert charged == len(flags) or not flags[charged]  # and it stops only at one that does not
+    assert charged_levels([not flags[0], *flags[1:]]) == charged  # the group's own flag is about its children
 
 
 def test_a_non_hierarchical_parents_limit_does_not_apply(sim_machine: BuildMachine) -> None:
