@@ -14,6 +14,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import struct
 import sys
 import warnings
@@ -103,6 +104,7 @@ class _Journal:
             self.ident = os.pread(self.lock_fd, IDENT_BYTES, _COUNTERS.size)
             self.counters = mmap.mmap(self.lock_fd, _COUNTERS.size)
             self._open()
+            self._remove_temps()  # left by writers killed mid-way: not counted in the store's size, so not kept
 
     def _open_lock(self) -> int:
         return open_file("lock", os.O_RDWR | os.O_CREAT, self.dir_fd, shown=os.path.join(self.folder, "lock"))
@@ -187,6 +189,9 @@ class _Journal:
             return [Record(OP_RESET)] + self.read_new()
         records: list[Record] = []
         size = self.end_seen = os.fstat(self.fd).st_size
+        # Every append that ended by ``last_end`` was completed (its end is recorded after the write): a record
+        # before it that does not parse is damage. Not known while a compaction is under way (an odd epoch).
+        whole_to = 0 if epoch % 2 else min(last_end, size)
         if self.holding and size < last_end:
             self._truncated(size)
             self.offset = len(MAGIC)  # what this handle read may be gone: read it all again
@@ -197,7 +202,7 @@ class _Journal:
             if needed is not None and needed > len(buf) and self.offset + needed <= size:
                 buf = os.pread(self.fd, needed, self.offset)  # one record longer than a chunk (a huge key)
             final = self.holding and self.offset + len(buf) == size
-            found, used, damaged = parse_records(buf, self.offset, final)
+            found, used, damaged = parse_records(buf, self.offset, final, whole_to - self.offset)
             for start, end in damaged:
                 self.damaged = True
                 warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "
@@ -297,8 +302,9 @@ class _Journal:
         if not checkpoint.due(self.since_checkpoint, len(index[0]), share):
             return
         try:
-            anchor = os.pread(self.fd, checkpoint.ANCHOR_BYTES, self.offset - checkpoint.ANCHOR_BYTES)
-            checkpoint.write(self.dir_fd, key, self.epoch, self.offset, anchor, index, lambda: disk_full(self.folder, 0))
+            self._remove_temps()  # of checkpoint writes killed mid-way (nobody else writes one: we hold the lock)
+            checkpoint.write(self.dir_fd, key, self.epoch, self.fd, self.offset, index,
+                             lambda: disk_full(self.folder, 0))
         except OSError:
             return  # a full disk: the next write tries again
         self.since_checkpoint = 0
@@ -311,7 +317,7 @@ class _Journal:
     def replace(self, entries: list[tuple[bytes, Entry]]) -> None:
         """Compaction, under the lock: one SET per live entry (inline values copied) goes to a temp file that
         replaces ``index``; the epoch then sends every reader, this one included, to the new file. Temp files of
-        compactions killed mid-write (nobody else compacts while we hold the lock) are removed first."""
+        writers killed mid-way are removed first."""
         self._remove_temps()
         temp = f"index.{os.urandom(6).hex()}.tmp"
         batch: list[bytes] = [MAGIC]
@@ -351,9 +357,16 @@ class _Journal:
         self._remove_temps()
 
     def _remove_temps(self) -> None:
+        """Under the lock (so nobody is writing one): the temp files of compactions and checkpoint writes killed
+        mid-way. Only regular files of ours in the form we name them; the store folder itself was checked."""
         for name in os.listdir(self.dir_fd):
             if _TEMP.fullmatch(name):
-                unlink_quietly(name, self.dir_fd)
+                try:
+                    st = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                    unlink_quietly(name, self.dir_fd)
 
     def after_fork(self) -> None:
         """``flock`` belongs to an open file, which a forked child shares with its parent: without a file of its
