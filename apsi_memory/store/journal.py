@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable
 
 from .._libc import posix_fallocate
-from .._once import fork_hooks
+from .._once import each, fork_hooks
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
 from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
 from ..paths import display
@@ -82,10 +82,11 @@ class _Journal:
         self.folder = folder
         self.dir_fd = dir_fd
         self.lock_fd = self._open_lock()
-        _register_fork_hook()
-        _open_journals.add(self)
         self.holding = False  # this handle holds the lock: read everything, trust no shortcut
+        self.closing = False  # ``close`` has begun (perhaps on another thread)
         self.fd = -1
+        _register_fork_hook()
+        _open_journals.add(self)  # with every attribute ``after_fork`` reads already set
         self.offset = 0
         self.end_seen = 0  # the journal's size at the last read_new
         self.epoch = -1
@@ -370,7 +371,10 @@ class _Journal:
 
     def after_fork(self) -> None:
         """``flock`` belongs to an open file, which a forked child shares with its parent: without a file of its
-        own the child's lock would not exclude the parent's."""
+        own the child's lock would not exclude the parent's. A journal another thread was closing at the fork is
+        closed in the child too, without touching its descriptors (they may be closed, or their numbers reused)."""
+        if self.closing:
+            self.fd = -1
         if self.fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = self._open_lock()
@@ -384,6 +388,7 @@ class _Journal:
         ``checkpoint.MIN_RECORDS`` records since the last checkpoint saves one, so the next open replays nothing."""
         if self.fd < 0:
             return
+        self.closing = True  # from here on a fork's child must not use its descriptors (``after_fork``)
         try:
             save = save if save is not None and self.since_checkpoint >= checkpoint.MIN_RECORDS else None
             if (self.pending_touches or save) and self._try_lock(wait):
@@ -432,8 +437,7 @@ _open_journals: weakref.WeakSet[_Journal] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    for journal in list(_open_journals):
-        journal.after_fork()
+    each(_open_journals, _Journal.after_fork)
 
 
 _register_fork_hook = fork_hooks(after_in_child=_after_fork_in_child)

@@ -29,7 +29,7 @@ from ..units import MiB, fmt_mb
 from . import checkpoint, datafiles, forks
 from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
 from .journal import _Journal, close_files, disk_full
-from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
+from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, OldKey, decode_key, encode_key, new_stem, shown_key
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
 from .tiers import _Index, _RamTier
 
@@ -165,7 +165,7 @@ class Store:
         """A miss, each cause with its own truth: a missing file is silent; a value that verifies but cannot be
         loaded here warns and stays for the processes that can; an old-format one warns once and goes; only a
         failed check is tampering."""
-        where, shown = self._where(entry), decode_key(key)
+        where, shown = self._where(entry), shown_key(key)
         if isinstance(err, Unloadable):
             warnings.warn(UnloadableWarning(f"{where}: entry {shown!r} is intact but cannot be loaded here ({err}); "
                                             "read as a miss and left in place"), stacklevel=4)
@@ -218,8 +218,24 @@ class Store:
         with self._lock:
             self._catch_up()
             self._settle_reads()
-            keys = list(self._index.entries)
-        return (decode_key(k) for k in keys)
+            keys, old = [], []
+            for encoded in self._index.entries:
+                try:
+                    keys.append(decode_key(encoded))
+                except OldKey:
+                    old.append(encoded)
+            if old:
+                self._forget_old_keys(old)
+        return iter(keys)
+
+    def _forget_old_keys(self, old: list[bytes]) -> None:
+        """Entries an older version keyed by an int subclass's own ``str()``: no key can name them any more."""
+        warnings.warn(OldEntryWarning(f"store {self.label}: {len(old)} entries written by an older apsi_memory under "
+                                      "int-subclass keys cannot be named any more; removed"), stacklevel=3)
+        for encoded in old:
+            entry = self._index.get(encoded)
+            if entry is not None:
+                self._forget(encoded, entry)
 
     def keys(self) -> list[Key]:
         return list(self)
