@@ -4,14 +4,14 @@ store replays only the records written after it instead of the whole journal.
 ``checkpoint`` holds the index in recency order (keys, names, kinds, sizes, inline offsets, as the fixed-width
 columns of ``rows.py``, looked up in place: an open builds no dict of every entry) with the journal's epoch and the
 offset it covers, the journal file's identity (device and inode) and the 32 bytes of the journal just before that
-offset (the anchor). So it is bound to the exact bytes it summarises: within one epoch the journal is one file
-that is only appended to (a compaction or a clear makes a new epoch), so that file up to the offset is the content
-the checkpoint was made from; another copy of the store, however alike its bytes, is another file. It is signed with the
-store's key (keyed BLAKE3, ``signing.bulk_mac``: every open verifies it whole), and it is only ever an
-accelerator: one that is missing, of another epoch (the journal was compacted or cleared since), of another
-journal file (copied from another copy of the store), past the journal's end, anchored to other bytes, or not verifying is ignored (the last with a ``TamperWarning``) and the
-journal is replayed whole, as before; so is one of an earlier layout (another magic). Nothing in it is read
-before its signature checks out, and nothing in it is unpickled.
+offset (the anchor). So it is bound to the exact bytes it summarises: within one epoch the journal is one file that
+is only appended to (a compaction or a clear makes a new epoch), so that file up to the offset is the content the
+checkpoint was made from; another copy of the store, however alike its bytes, is another file. It is signed with the
+store's key (keyed BLAKE3, ``signing.bulk_mac``: every open verifies it whole), and it is only ever an accelerator:
+one that is missing, of another epoch (the journal was compacted or cleared since), of another journal file (copied
+from another copy of the store), past the journal's end, anchored to other bytes, or not verifying is ignored (the
+last with a ``TamperWarning``) and the journal is replayed whole, as before; so is one of an earlier layout (another
+magic). Nothing in it is read before its signature checks out, and nothing in it is unpickled.
 
 It is written under the journal lock to a fresh temp file (the compaction's ``index.<hex>.tmp`` form, so a writer
 killed mid-way leaves a temp that the next open, checkpoint or compaction removes) and renamed over the old one: a
