@@ -528,3 +528,18 @@ def test_forks_while_another_thread_closes_stores_keep_every_lock_the_childs_own
     print(f"\n{forks} forks while another thread closed stores: children sharing the parent's lock {shared}, "
           f"with a fork-hook error {errors}")
     assert (shared, errors) == (0, 0)
+
+
+def test_each_runs_every_item_and_raises_the_first_failure_after():
+    from apsi_memory._once import each
+
+    seen: list[int] = []
+
+    def action(item: int) -> None:
+        seen.append(item)
+        if item % 2:
+            raise OSError(9, f"bad {item}")
+
+    with pytest.raises(OSError, match="bad 1"):
+        each(range(5), action)
+    assert seen == [0, 1, 2, 3, 4]
