@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ._once import fork_hooks
+from ._once import each, fork_hooks
 from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
 from .decide import Level
 from .errors import PoolError
@@ -183,9 +183,7 @@ _pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    _clearer.after_fork_in_child()
-    for pool_ in list(_pools):
-        pool_._after_fork_in_child()
+    each([_clearer.after_fork_in_child] + [pool_._after_fork_in_child for pool_ in _pools], lambda hook: hook())
 
 
 _hook_forks = fork_hooks(after_in_child=_after_fork_in_child)  # called when the first pool is made, not at import

@@ -170,7 +170,8 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 @pytest.fixture
-def store_machine(tmp_path):
+def store_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("APSI_ALLOW_WRITE", str(tmp_path))  # stores made directly are checked as memory.store's
     StoreMachine.folder_root = str(tmp_path)
     return StoreMachine
 

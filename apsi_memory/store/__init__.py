@@ -23,7 +23,9 @@ signed with this user's key (``apsi_memory.signing``).
 *Visibility is atomic*: a bigger value goes to a fresh file under a random name (``O_EXCL``, never overwritten)
 and only then does one journal record name it; a small one is part of its record. Records carry their length and
 a CRC, so one a killed writer left half-written is recognised and cut off by the next writer, and a file no record
-names is an orphan nobody reads (swept later). An entry reads back whole or not at all.
+names is an orphan nobody reads (swept later). An entry reads back whole or not at all. The lock file records where
+the last completed append ended: a record before that end that does not parse was written whole and damaged since,
+so it is reported and skipped (every entry recorded before it reads as a miss), never cut off as a torn tail.
 
 *Sizes are running totals*: the journal replays into an in-memory LRU index (``tiers._Index``) holding each entry's
 size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also
@@ -36,11 +38,11 @@ every get, so callers never share a mutable object), a small array's read-only c
 read-only mapping of its file (the page cache's copy, not a second one: a ``set`` writes the file, then maps it).
 
 *Checkpoint*: once 4096 records (and 1/8 of the entries) were appended since the last one, or at ``close`` after
-4096, a writer saves the index (``checkpoint.py``: signed with keyed BLAKE3, bound to the journal's epoch and the bytes before the
-offset it covers, written to a temp file and renamed); an open verifies it, looks keys up in its fixed-width rows
-in place (``rows.py``: no dict of every entry is built until whole-index order is wanted) and replays the tail
-only. One that is stale, changed, of an earlier layout or missing is ignored and the journal replayed whole: it is
-a shortcut, never the truth.
+4096, a writer saves the index (``checkpoint.py``: signed with keyed BLAKE3, bound to the journal file, its epoch
+and the bytes before the offset it covers, written to a temp file and renamed); an open verifies it, looks keys up
+in its fixed-width rows in place (``rows.py``: no dict of every entry is built until whole-index order is wanted)
+and replays the tail only. One that is stale, changed, of an earlier layout or missing is ignored and the journal
+replayed whole: it is a shortcut, never the truth.
 
 *Room for removals*: the journal keeps 64 KiB allocated past its end (``fallocate``, size unchanged) that only
 appends without a new value use; a ``set`` that would eat into it is refused with ``DiskFullError``. So deletes,
@@ -100,7 +102,8 @@ def _size_bytes(value: float, unit: int, what: str) -> int:
 def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
           disk_gb: float = DEFAULT_DISK_GB) -> Store:
     """Open (or create) a store: ``memory.store("embeddings", ram_mb=512, disk_gb=50)``. Keys are ``str``,
-    ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys).
+    ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys; a subclass is its value: ``IntEnum.RED`` is
+    ``1``).
 
     A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); a path must be allowed first with
     ``memory.allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``UnsafePathError`` (a ``PermissionError``)

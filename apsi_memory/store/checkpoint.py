@@ -3,16 +3,19 @@ store replays only the records written after it instead of the whole journal.
 
 ``checkpoint`` holds the index in recency order (keys, names, kinds, sizes, inline offsets, as the fixed-width
 columns of ``rows.py``, looked up in place: an open builds no dict of every entry) with the journal's epoch and the
-offset it covers, plus the 32 bytes of the journal just before that offset (the anchor). It is signed with the
-store's key (keyed BLAKE3, ``signing.bulk_mac``: every open verifies it whole), and it is only ever an
-accelerator: one that is missing, of another epoch (the journal was compacted or cleared since), past the
-journal's end, anchored to other bytes, or not verifying is ignored (the last with a ``TamperWarning``) and the
-journal is replayed whole, as before; so is one of an earlier layout (another magic). Nothing in it is read
-before its signature checks out, and nothing in it is unpickled.
+offset it covers, the journal file's identity (device and inode) and the 32 bytes of the journal just before that
+offset (the anchor). So it is bound to the exact bytes it summarises: within one epoch the journal is one file that
+is only appended to (a compaction or a clear makes a new epoch), so that file up to the offset is the content the
+checkpoint was made from; another copy of the store, however alike its bytes, is another file. It is signed with the
+store's key (keyed BLAKE3, ``signing.bulk_mac``: every open verifies it whole), and it is only ever an accelerator:
+one that is missing, of another epoch (the journal was compacted or cleared since), of another journal file (copied
+from another copy of the store), past the journal's end, anchored to other bytes, or not verifying is ignored (the
+last with a ``TamperWarning``) and the journal is replayed whole, as before; so is one of an earlier layout (another
+magic). Nothing in it is read before its signature checks out, and nothing in it is unpickled.
 
 It is written under the journal lock to a fresh temp file (the compaction's ``index.<hex>.tmp`` form, so a writer
-killed mid-way leaves a temp that the next compaction removes) and renamed over the old one: a reader sees the old
-checkpoint or the new one, never a torn one.
+killed mid-way leaves a temp that the next open, checkpoint or compaction removes) and renamed over the old one: a
+reader sees the old checkpoint or the new one, never a torn one.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from .records import Entry
 
 NAME = "checkpoint"
 # Earlier layouts have other magics and are ignored, the journal replayed whole (once: that writes a new one):
-# APSICKPT1 (marshal columns), APSICKPT2 (these columns, signed with BLAKE2b: 6 ms of a 10 ms open at 100,000).
-MAGIC = b"APSICKPT3\n"
+# APSICKPT1 (marshal columns), APSICKPT2 (these columns, signed with BLAKE2b: 6 ms of a 10 ms open at 100,000),
+# APSICKPT3 (not bound to the journal file: one copied from another copy of the store was accepted).
+MAGIC = b"APSICKPT4\n"
 ANCHOR_BYTES = 32
 # A checkpoint is written once this many records were appended since the last one, and at least 1/8 of the
 # entries: opening replays at most that tail, and the rewrite costs O(1) per record appended (a checkpoint of
@@ -42,7 +46,7 @@ ANCHOR_BYTES = 32
 MIN_RECORDS = 4096
 TAIL_SHARE = 8
 _TAG = b"K"
-_HEADER = Struct(f"<qq{ANCHOR_BYTES}sqqq")  # epoch, upto, anchor, total, inline total, rows
+_HEADER = Struct(f"<qqQQ{ANCHOR_BYTES}sqqq")  # epoch, upto, journal device and inode, anchor, totals, rows
 
 
 def room_bound(journal_records: int) -> int:
@@ -75,12 +79,19 @@ class Loaded(NamedTuple):
     inline_total: int
 
 
-def write(dir_fd: int, key: bytes, epoch: int, upto: int, anchor: bytes, index: tuple[Index, int, int],
+def _identity(journal_fd: int) -> tuple[int, int]:
+    st = os.fstat(journal_fd)
+    return st.st_dev, st.st_ino
+
+
+def write(dir_fd: int, key: bytes, epoch: int, journal_fd: int, upto: int, index: tuple[Index, int, int],
           full: Callable[[], DiskFullError]) -> None:
-    """Under the journal lock: ``index`` (entries and the two running totals) as replayed up to ``upto``."""
+    """Under the journal lock: ``index`` (entries and the two running totals) as replayed up to ``upto`` of the
+    journal ``journal_fd``."""
     whole, total, inline_total = index
     n, columns = rows.pack(whole.entries)
-    body = _HEADER.pack(epoch, upto, anchor, total, inline_total, n) + columns
+    anchor = os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES)
+    body = _HEADER.pack(epoch, upto, *_identity(journal_fd), anchor, total, inline_total, n) + columns
     temp = f"index.{os.urandom(6).hex()}.tmp"
     with new_file(temp, full, dir_fd) as fd:
         write_all(fd, MAGIC + bulk_mac(key, _TAG, body) + body)
@@ -101,9 +112,9 @@ def load(dir_fd: int, key: bytes, epoch: int, journal_fd: int, size: int, shown:
         return None
     if len(body) < _HEADER.size:
         return None
-    got_epoch, upto, anchor, total, inline_total, n = _HEADER.unpack_from(body)
-    if got_epoch != epoch or not ANCHOR_BYTES <= upto <= size:
-        return None  # compacted, cleared or cut since: stale
+    got_epoch, upto, device, inode, anchor, total, inline_total, n = _HEADER.unpack_from(body)
+    if got_epoch != epoch or not ANCHOR_BYTES <= upto <= size or (device, inode) != _identity(journal_fd):
+        return None  # compacted, cleared or cut since, or made from another file (another copy): stale
     if os.pread(journal_fd, ANCHOR_BYTES, upto - ANCHOR_BYTES) != anchor:
         return None
     columns = body[_HEADER.size:]

@@ -106,9 +106,11 @@ def to_blob(seal: Seal, key: bytes, stem: str, value: Any, ram_limit: int) -> _B
         return _array_blob(seal, key, stem, value, ram_limit)
     try:
         payload = pickle.dumps(value, protocol=5)
-    except (pickle.PicklingError, TypeError, AttributeError) as err:
+    except MemoryError:
+        raise  # out of memory, not a property of the value
+    except Exception as err:  # a __reduce__ may raise anything: one named error, whatever it was
         raise ArgumentTypeError(f"cannot store a value of type {type(value).__name__}: it cannot be pickled "
-                              f"({err})") from err
+                                f"({type(err).__name__}: {err})") from err
     signature = _sign(seal, b"P", key, stem, payload)
     return _Blob(KIND_PICKLE, (payload, signature), len(payload) + SIGNATURE_BYTES, payload, len(payload))
 

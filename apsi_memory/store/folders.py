@@ -46,7 +46,12 @@ def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
         raise ArgumentError(f"store name {text!r} is empty or not a name; use e.g. 'embeddings'")
     if os.sep not in text and not text.startswith(("~", ".")) and (os.altsep is None or os.altsep not in text):
         return os.path.join(store_dir(), text)
-    folder = os.path.realpath(os.path.expanduser(text))
+    return allowed_folder(text)
+
+
+def allowed_folder(path: str) -> str:
+    """``path``, resolved, if it is under the store folder or an allowed root; else ``UnsafePathError``."""
+    folder = os.path.realpath(os.path.expanduser(path))
     roots = [os.path.realpath(store_dir())] + _allowed_roots()
     if not any(_is_within(folder, root) for root in roots):
         raise UnsafePathError(

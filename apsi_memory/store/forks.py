@@ -7,7 +7,7 @@ import threading
 import weakref
 from typing import Protocol
 
-from .._once import fork_hooks
+from .._once import each, fork_hooks
 
 # A fork waits this long for a store another thread is using (so the child gets it in a consistent state).
 FORK_WAIT_S = 10.0
@@ -27,23 +27,32 @@ def track(store: _Locked) -> None:
     _open_stores.add(store)
 
 
+def _hold(s: _Locked) -> None:
+    s._fork_held = s._lock.acquire(timeout=FORK_WAIT_S)
+
+
+def _release(s: _Locked) -> None:
+    if s._fork_held:
+        s._fork_held = False
+        s._lock.release()
+
+
+def _fresh_lock(s: _Locked) -> None:
+    s._fork_held = False
+    s._lock = threading.RLock()
+
+
 def _before_fork() -> None:
     """Take every store's lock. Bounded: a store busy past ``FORK_WAIT_S`` gets a fresh lock in the child."""
-    for s in sorted(_open_stores, key=id):
-        s._fork_held = s._lock.acquire(timeout=FORK_WAIT_S)
+    each(sorted(_open_stores, key=id), _hold)
 
 
 def _after_fork_in_parent() -> None:
-    for s in list(_open_stores):
-        if s._fork_held:
-            s._fork_held = False
-            s._lock.release()
+    each(_open_stores, _release)
 
 
 def _after_fork_in_child() -> None:
-    for s in list(_open_stores):
-        s._fork_held = False
-        s._lock = threading.RLock()
+    each(_open_stores, _fresh_lock)
 
 
 _register = fork_hooks(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

@@ -14,6 +14,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import struct
 import sys
 import warnings
@@ -21,7 +22,7 @@ import weakref
 from collections.abc import Callable
 
 from .._libc import posix_fallocate
-from .._once import fork_hooks
+from .._once import each, fork_hooks
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
 from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
 from ..paths import display
@@ -81,10 +82,11 @@ class _Journal:
         self.folder = folder
         self.dir_fd = dir_fd
         self.lock_fd = self._open_lock()
-        _register_fork_hook()
-        _open_journals.add(self)
         self.holding = False  # this handle holds the lock: read everything, trust no shortcut
+        self.closing = False  # ``close`` has begun (perhaps on another thread)
         self.fd = -1
+        _register_fork_hook()
+        _open_journals.add(self)  # with every attribute ``after_fork`` reads already set
         self.offset = 0
         self.end_seen = 0  # the journal's size at the last read_new
         self.epoch = -1
@@ -103,6 +105,7 @@ class _Journal:
             self.ident = os.pread(self.lock_fd, IDENT_BYTES, _COUNTERS.size)
             self.counters = mmap.mmap(self.lock_fd, _COUNTERS.size)
             self._open()
+            self._remove_temps()  # left by writers killed mid-way: not counted in the store's size, so not kept
 
     def _open_lock(self) -> int:
         return open_file("lock", os.O_RDWR | os.O_CREAT, self.dir_fd, shown=os.path.join(self.folder, "lock"))
@@ -187,6 +190,9 @@ class _Journal:
             return [Record(OP_RESET)] + self.read_new()
         records: list[Record] = []
         size = self.end_seen = os.fstat(self.fd).st_size
+        # Every append that ended by ``last_end`` was completed (its end is recorded after the write): a record
+        # before it that does not parse is damage. Not known while a compaction is under way (an odd epoch).
+        whole_to = 0 if epoch % 2 else min(last_end, size)
         if self.holding and size < last_end:
             self._truncated(size)
             self.offset = len(MAGIC)  # what this handle read may be gone: read it all again
@@ -197,7 +203,7 @@ class _Journal:
             if needed is not None and needed > len(buf) and self.offset + needed <= size:
                 buf = os.pread(self.fd, needed, self.offset)  # one record longer than a chunk (a huge key)
             final = self.holding and self.offset + len(buf) == size
-            found, used, damaged = parse_records(buf, self.offset, final)
+            found, used, damaged = parse_records(buf, self.offset, final, whole_to - self.offset)
             for start, end in damaged:
                 self.damaged = True
                 warnings.warn(TamperWarning(f"{self.path}: bytes {start}-{end} are damaged and were skipped; "
@@ -297,8 +303,9 @@ class _Journal:
         if not checkpoint.due(self.since_checkpoint, len(index[0]), share):
             return
         try:
-            anchor = os.pread(self.fd, checkpoint.ANCHOR_BYTES, self.offset - checkpoint.ANCHOR_BYTES)
-            checkpoint.write(self.dir_fd, key, self.epoch, self.offset, anchor, index, lambda: disk_full(self.folder, 0))
+            self._remove_temps()  # of checkpoint writes killed mid-way (nobody else writes one: we hold the lock)
+            checkpoint.write(self.dir_fd, key, self.epoch, self.fd, self.offset, index,
+                             lambda: disk_full(self.folder, 0))
         except OSError:
             return  # a full disk: the next write tries again
         self.since_checkpoint = 0
@@ -311,7 +318,7 @@ class _Journal:
     def replace(self, entries: list[tuple[bytes, Entry]]) -> None:
         """Compaction, under the lock: one SET per live entry (inline values copied) goes to a temp file that
         replaces ``index``; the epoch then sends every reader, this one included, to the new file. Temp files of
-        compactions killed mid-write (nobody else compacts while we hold the lock) are removed first."""
+        writers killed mid-way are removed first."""
         self._remove_temps()
         temp = f"index.{os.urandom(6).hex()}.tmp"
         batch: list[bytes] = [MAGIC]
@@ -351,13 +358,23 @@ class _Journal:
         self._remove_temps()
 
     def _remove_temps(self) -> None:
+        """Under the lock (so nobody is writing one): the temp files of compactions and checkpoint writes killed
+        mid-way. Only regular files of ours in the form we name them; the store folder itself was checked."""
         for name in os.listdir(self.dir_fd):
             if _TEMP.fullmatch(name):
-                unlink_quietly(name, self.dir_fd)
+                try:
+                    st = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                    unlink_quietly(name, self.dir_fd)
 
     def after_fork(self) -> None:
         """``flock`` belongs to an open file, which a forked child shares with its parent: without a file of its
-        own the child's lock would not exclude the parent's."""
+        own the child's lock would not exclude the parent's. A journal another thread was closing at the fork is
+        closed in the child too, without touching its descriptors (they may be closed, or their numbers reused)."""
+        if self.closing:
+            self.fd = -1
         if self.fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = self._open_lock()
@@ -371,6 +388,7 @@ class _Journal:
         ``checkpoint.MIN_RECORDS`` records since the last checkpoint saves one, so the next open replays nothing."""
         if self.fd < 0:
             return
+        self.closing = True  # from here on a fork's child must not use its descriptors (``after_fork``)
         try:
             save = save if save is not None and self.since_checkpoint >= checkpoint.MIN_RECORDS else None
             if (self.pending_touches or save) and self._try_lock(wait):
@@ -419,8 +437,7 @@ _open_journals: weakref.WeakSet[_Journal] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    for journal in list(_open_journals):
-        journal.after_fork()
+    each(_open_journals, _Journal.after_fork)
 
 
 _register_fork_hook = fork_hooks(after_in_child=_after_fork_in_child)

@@ -92,8 +92,8 @@ def _record_at(buf: bytes, pos: int, base: int) -> Record | None:
     return _record_from(meta, value_len, base + pos + _FRAME.size + meta_len)
 
 
-def parse_records(buf: bytes, base: int = 0, final: bool = False) -> tuple[list[Record], int,
-                                                                          list[tuple[int, int]]]:
+def parse_records(buf: bytes, base: int = 0, final: bool = False, whole_to: int = 0) -> tuple[list[Record], int,
+                                                                                             list[tuple[int, int]]]:
     """The intact records in ``buf`` (which starts at journal offset ``base``), the bytes they use, and damaged
     spans that were skipped. A bad record followed by good ones is damage (skipped, reported, an ``OP_LOST`` in its
     place); one with nothing intact after it is the tail: being appended right now, or cut short by a crash, so
@@ -101,7 +101,11 @@ def parse_records(buf: bytes, base: int = 0, final: bool = False) -> tuple[list[
 
     A record that runs past the end of ``buf`` is an incomplete tail too, unless ``final`` (the caller holds the
     lock and ``buf`` reaches the end of the file, so nobody is appending): then intact records after it mean its
-    length field was damaged, and parsing resumes at them (a writer never appends after a torn record)."""
+    length field was damaged, and parsing resumes at them (a writer never appends after a torn record).
+
+    ``whole_to`` (a position in ``buf``, 0 if unknown) is where the last completed append ended, as the lock file
+    recorded it: every record before it was written whole, so one there that does not parse is damage, never a
+    torn tail, and parsing resumes at ``whole_to`` (a record boundary) if nothing intact comes earlier."""
     records: list[Record] = []
     damaged: list[tuple[int, int]] = []
     pos, size, frame = 0, len(buf), _FRAME.size
@@ -119,6 +123,8 @@ def parse_records(buf: bytes, base: int = 0, final: bool = False) -> tuple[list[
             pos += length
             continue
         resync = _resync(buf, pos, length, base, final)
+        if resync is None and pos < whole_to <= size:
+            resync = whole_to  # written whole, so damaged: the bytes up to there are skipped
         if resync is None:
             break  # incomplete: the tail
         damaged.append((base + pos, base + resync))

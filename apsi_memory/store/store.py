@@ -13,6 +13,7 @@ from typing import Any
 
 from ..decide import Level, ram_tier_limit
 from ..errors import (
+    ArgumentTypeError,
     DiskFullError,
     MissingKeyError,
     OldEntryWarning,
@@ -28,8 +29,9 @@ from ..trust import open_folder
 from ..units import MiB, fmt_mb
 from . import checkpoint, datafiles, forks
 from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
+from .folders import allowed_folder
 from .journal import _Journal, close_files, disk_full
-from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
+from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, OldKey, decode_key, encode_key, new_stem, shown_key
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
 from .tiers import _Index, _RamTier
 
@@ -47,6 +49,12 @@ COMPACT_MIN_BYTES = 4 * MiB
 _MISSING = object()
 
 
+def _bytes_limit(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SizeError(f"{what} must be a whole number of bytes of at least 0, not {value!r}")
+    return value
+
+
 class Store:
     """A two-tier cache in ``folder``, a mapping from keys to values. Use ``memory.store(name_or_path, ram_mb=...,
     disk_gb=...)``. Keys are ``str``, ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys); values
@@ -54,10 +62,11 @@ class Store:
 
     def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
+        allowed_folder(folder)  # before anything is made there: the check ``memory.store`` makes
         self.folder = folder
         self.label = label
-        self.ram_asked = ram_bytes
-        self.disk_limit = disk_bytes
+        self.ram_asked = _bytes_limit(ram_bytes, "ram_bytes")
+        self.disk_limit = _bytes_limit(disk_bytes, "disk_bytes")
         self._machine = machine()  # the one whose levels this store hears, as it was when opened
         self._level = level or self._machine.current_level
         secret = user_key()
@@ -91,6 +100,11 @@ class Store:
             self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)  # also for read-only users
         self._machine.components.register(self)
 
+    def __reduce__(self) -> Any:
+        """A store is open files and locks of this process: another process opens it by name instead."""
+        raise ArgumentTypeError(f"a store cannot be pickled or sent to another process: open it there by name with "
+                                f"memory.store({self.label!r}) (any number of processes may use one store at once)")
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.label} is closed; open it again with memory.store(...)")
@@ -113,7 +127,13 @@ class Store:
             reads.append(encoded)
             if len(reads) >= TOUCH_BATCH:
                 self.flush()
-            return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
+            if held.kind != KIND_PICKLE:
+                return held.value
+            try:
+                return pickle.loads(held.value)
+            except Exception:  # noqa: BLE001 - cannot be loaded here: the SSD tier's answer, from the same bytes
+                self._ram.drop(encoded)
+                return self._get_from_disk(encoded, default)
 
     def _get_from_disk(self, key: bytes, default: Any, second_look: bool = False) -> Any:
         entry = self._index.get(key)
@@ -165,7 +185,7 @@ class Store:
         """A miss, each cause with its own truth: a missing file is silent; a value that verifies but cannot be
         loaded here warns and stays for the processes that can; an old-format one warns once and goes; only a
         failed check is tampering."""
-        where, shown = self._where(entry), decode_key(key)
+        where, shown = self._where(entry), shown_key(key)
         if isinstance(err, Unloadable):
             warnings.warn(UnloadableWarning(f"{where}: entry {shown!r} is intact but cannot be loaded here ({err}); "
                                             "read as a miss and left in place"), stacklevel=4)
@@ -218,8 +238,24 @@ class Store:
         with self._lock:
             self._catch_up()
             self._settle_reads()
-            keys = list(self._index.entries)
-        return (decode_key(k) for k in keys)
+            keys, old = [], []
+            for encoded in self._index.entries:
+                try:
+                    keys.append(decode_key(encoded))
+                except OldKey:
+                    old.append(encoded)
+            if old:
+                self._forget_old_keys(old)
+        return iter(keys)
+
+    def _forget_old_keys(self, old: list[bytes]) -> None:
+        """Entries an older version keyed by an int subclass's own ``str()``: no key can name them any more."""
+        warnings.warn(OldEntryWarning(f"store {self.label}: {len(old)} entries written by an older apsi_memory under "
+                                      "int-subclass keys cannot be named any more; removed"), stacklevel=3)
+        for encoded in old:
+            entry = self._index.get(encoded)
+            if entry is not None:
+                self._forget(encoded, entry)
 
     def keys(self) -> list[Key]:
         return list(self)
