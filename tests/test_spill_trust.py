@@ -49,6 +49,6 @@ def test_free_still_empties_and_removes_our_own_file(spill_dir):
 def test_a_spill_folder_others_can_write_is_refused(spill_dir):
     spill_dir.mkdir(mode=0o700)
     os.chmod(spill_dir, 0o777)
-    with pytest.raises(UnsafePathError, match=f"{spill_dir} is writable by others.*chmod go-w {spill_dir}"):
+    with pytest.raises(UnsafePathError, match=f"{spill_dir} is writable by others.*Fix: APSI_SPILL_DIR={spill_dir} points there"):
         spill.create((4,), FLOAT64)
     assert os.listdir(spill_dir) == []
