@@ -62,7 +62,12 @@ def key_path() -> str:
 
 def private_dir(path: str) -> str:
     """Create ``path`` and every missing parent, each 0700, and check it is ours and writable by nobody else
-    (``trust.UnsafePathError`` otherwise, naming the fix); returns it."""
+    (``trust.UnsafePathError`` otherwise, naming the fix); returns it. Below ``apsi_home()`` (the default spill and
+    store folders), the home itself is checked as ours first: it holds the key, so a link or a folder of someone
+    else's there is refused for spill files too, not only for the key."""
+    home = apsi_home()
+    if os.path.abspath(path).startswith(home.rstrip(os.sep) + os.sep):
+        make_private(home)
     return make_private(path)
 
 

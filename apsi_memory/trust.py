@@ -78,6 +78,8 @@ def check_folder(path: str, st: os.stat_result) -> None:
 def _check_above(path: str, st: os.stat_result) -> None:
     """``st`` (``lstat`` of ``path``, a folder above ours or a link on the way) is root's or ours, and a folder
     that others may write is a shared sticky one."""
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise untrusted(path, "(above the folder used) is not a folder")
     if st.st_uid not in (0, os.geteuid()):
         raise untrusted(path, f"(above the folder used) belongs to uid {st.st_uid}, not to this user or root")
     if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:

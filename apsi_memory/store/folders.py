@@ -28,10 +28,24 @@ def allow_write(path: str | os.PathLike[str]) -> None:
 
 
 def _allowed_roots() -> list[str]:
-    from_env = [p for p in os.environ.get("APSI_ALLOW_WRITE", "").split(os.pathsep) if p]
     _register_fork_hook()
     with _allowed_lock:
-        return list(_allowed) + [os.path.realpath(os.path.expanduser(p)) for p in from_env]
+        return list(_allowed) + roots_from_env()
+
+
+def roots_from_env() -> list[str]:
+    """The folders of ``APSI_ALLOW_WRITE`` (separated by ``os.pathsep``; empty entries are skipped, not taken for
+    the working folder as ``PATH`` would). A relative one is an ``ArgumentError`` naming the variable: it would
+    allow whatever folder the program happens to run in."""
+    roots = []
+    for entry in os.environ.get("APSI_ALLOW_WRITE", "").split(os.pathsep):
+        folder = os.path.expanduser(entry)
+        if entry and not os.path.isabs(folder):
+            raise ArgumentError(f"APSI_ALLOW_WRITE holds the relative path {entry!r}, which would allow writes "
+                                f"wherever the program runs; give absolute paths (e.g. {os.path.abspath(entry)})")
+        if entry:
+            roots.append(os.path.realpath(folder))
+    return roots
 
 
 def _is_within(path: str, root: str) -> bool:
