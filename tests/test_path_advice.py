@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import paths, spill
+from apsi_memory import paths, spill, trust
 from apsi_memory.cli import main
 from apsi_memory.errors import ArgumentError, UnsafePathError
 
@@ -271,3 +271,46 @@ def test_sticky_folders_are_told_apart_from_folders_that_are_merely_open(tmp_pat
     assert paths.own_part(str(folder)) == str(folder / f"apsi-{os.geteuid()}")
     folder.chmod(0o1755)  # sticky but only its owner writes: nothing shared
     assert paths.own_part(str(folder)) == str(folder)
+
+
+# -- every refusal of the trust checks, one by one: what it says and what it advises ------------------------------
+
+def stat_of(mode: int, uid: int | None = None) -> os.stat_result:
+    """A stat result with ``mode`` and ``uid`` (default: ours), the rest zero."""
+    return os.stat_result((mode, 0, 0, 1, os.geteuid() if uid is None else uid, 0, 0, 0, 0, 0))
+
+
+OTHER_UID = 54321
+REFUSALS = [  # (check, stat, what the message says)
+    (trust.check_folder, stat_of(stat.S_IFREG | 0o600), "is not a folder"),
+    (trust.check_folder, stat_of(stat.S_IFDIR | 0o700, OTHER_UID), f"belongs to uid {OTHER_UID}"),
+    (trust.check_folder, stat_of(stat.S_IFDIR | 0o770), "is writable by others"),
+    (trust.check_file, stat_of(stat.S_IFDIR | 0o700), "is a folder, not a file"),
+    (trust.check_file, stat_of(stat.S_IFIFO | 0o600), "is not a regular file"),
+    (trust.check_file, stat_of(stat.S_IFREG | 0o600, OTHER_UID), f"belongs to uid {OTHER_UID}"),
+    (lambda path, st: trust.check_file(path, st, secret=True), stat_of(stat.S_IFREG | 0o640),
+     "can be read or written by others"),
+    (trust._check_above, stat_of(stat.S_IFREG | 0o600), r"\(above the folder used\) is not a folder"),
+    (trust._check_above, stat_of(stat.S_IFDIR | 0o755, OTHER_UID), r"\(above the folder used\) belongs to uid"),
+    (trust._check_above, stat_of(stat.S_IFDIR | 0o777), r"\(above the folder used\) is writable by others"),
+]
+
+
+@pytest.mark.parametrize(("check", "st", "says"), REFUSALS)
+@pytest.mark.parametrize("variable", [None, *trust.FOLDER_VARIABLES])
+def test_every_refusal_names_the_variable_that_pointed_there_and_changes_nothing(check, st, says, variable,
+                                                                                  tmp_path, monkeypatch):
+    for name in trust.FOLDER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if variable is not None:
+        monkeypatch.setenv(variable, str(tmp_path))
+    path = str(tmp_path / "folder" / "file")
+    with pytest.raises(UnsafePathError, match=f"{path} {says}") as caught:
+        check(path, st)
+    assert_safe_advice(caught.value, variable)
+
+
+def test_a_shared_sticky_folder_and_our_own_folders_pass_the_checks_above():
+    trust._check_above("/tmp", stat_of(stat.S_IFDIR | 0o1777, 0))
+    trust._check_above("/home/me", stat_of(stat.S_IFDIR | 0o755))
+    trust._check_above("/bin", stat_of(stat.S_IFLNK | 0o777, 0))

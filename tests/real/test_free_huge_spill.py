@@ -46,6 +46,8 @@ def test_freeing_a_spilled_array_bigger_than_ram_and_swap_gives_its_file_back(sp
     view = x[-10:]
     view[:] = 7
     memory.free(x)  # raised SystemCallError (ENOMEM) before the fix
+    assert f"{x.filename} (deleted)" in Path("/proc/self/maps").read_text(), \
+        "no anonymous memory was mapped over it: the deleted file stays mapped for the view"
     assert os.listdir(sparse_spill) == [], "the file is gone now, not at exit"
     assert all(r.path != x.filename for r in memory.report())
     assert int(view.sum()) == 0, "a view made before free reads zeros, no crash"

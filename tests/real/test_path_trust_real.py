@@ -103,14 +103,15 @@ def test_two_users_share_a_sticky_spill_folder_each_in_a_private_subfolder(other
     assert not os.path.exists(theirs), "their process could delete its own file"
 
 
-def test_a_read_only_spill_folder_is_named_not_a_raw_permission_error(other_user, reachable):
+@pytest.mark.parametrize("below", [False, True], ids=["the folder", "a folder to make in it"])
+def test_a_read_only_spill_folder_is_named_not_a_raw_permission_error(other_user, reachable, below):
     uid, gid = other_user
     folder = reachable / "read-only"
     folder.mkdir(mode=0o500)
     os.chown(folder, uid, gid)
 
     def spill_there() -> str:
-        os.environ["APSI_SPILL_DIR"] = str(folder)
+        os.environ["APSI_SPILL_DIR"] = str(folder / "spill" if below else folder)
         return str(spill.create((4,), FLOAT64).filename)
 
     answer = as_user(uid, gid, spill_there)
