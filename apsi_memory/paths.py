@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from .errors import ArgumentError
-from .trust import make_private, shared
+from .trust import make_private, shared, within
 
 APSI_HOME = "~/.apsi"
 
@@ -66,7 +66,7 @@ def private_dir(path: str) -> str:
     store folders), the home itself is checked as ours first: it holds the key, so a link or a folder of someone
     else's there is refused for spill files too, not only for the key."""
     home = apsi_home()
-    if os.path.abspath(path).startswith(home.rstrip(os.sep) + os.sep):
+    if os.path.abspath(path) != home and within(os.path.abspath(path), home):
         make_private(home)
     return make_private(path)
 

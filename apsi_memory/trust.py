@@ -28,15 +28,18 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 FOLDER_VARIABLES = ("APSI_SPILL_DIR", "APSI_STORE_DIR", "APSI_HOME")
 
 
+def within(path: str, root: str) -> bool:
+    """``path`` is ``root`` or lies below it (both absolute and normalised)."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def pointed_by(path: str) -> str | None:
     """The ``APSI_*`` variable whose folder ``path`` is, lies in, or lies above (when set); ``None`` if none."""
     for variable in FOLDER_VARIABLES:
         value = os.environ.get(variable)
-        if value:
-            folder = os.path.abspath(os.path.expanduser(value)).rstrip(os.sep) or os.sep
-            if path == folder or path.startswith(folder.rstrip(os.sep) + os.sep) or folder.startswith(
-                    path.rstrip(os.sep) + os.sep):
-                return variable
+        folder = os.path.normpath(os.path.abspath(os.path.expanduser(value))) if value else ""
+        if folder and (within(path, folder) or within(folder, path)):
+            return variable
     return None
 
 
@@ -51,6 +54,7 @@ def advice(path: str) -> str:
 
 
 def untrusted(path: str, problem: str) -> UnsafePathError:
+    """``path`` is refused because ``problem``; with the advice for it."""
     return UnsafePathError(errno.EPERM, f"{path} {problem}; apsi_memory does not trust it. Fix: {advice(path)}")
 
 

@@ -10,6 +10,7 @@ import threading
 from .._once import fork_hooks
 from ..errors import ArgumentError, UnsafePathError
 from ..paths import display, store_dir
+from ..trust import within
 
 _allowed: set[str] = set()
 _allowed_lock = threading.Lock()
@@ -48,10 +49,6 @@ def roots_from_env() -> list[str]:
     return roots
 
 
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
 def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
     """A plain name is a folder under ``store_dir()``; anything with a path separator (or ``~``, ``.``) is a
     path the caller chose, allowed only under ``allow_write``/``APSI_ALLOW_WRITE`` roots."""
@@ -62,7 +59,7 @@ def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
         return os.path.join(store_dir(), text)
     folder = os.path.realpath(os.path.expanduser(text))
     roots = [os.path.realpath(store_dir())] + _allowed_roots()
-    if not any(_is_within(folder, root) for root in roots):
+    if not any(within(folder, root) for root in roots):
         raise UnsafePathError(
             errno.EPERM,
             f"store path {folder} is outside {display(store_dir())} and not allowed for writing; allow it with "
