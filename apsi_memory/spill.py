@@ -286,7 +286,8 @@ def resident(address: int, length: int) -> int:
 def detach(address: int, length: int) -> bool:
     """Replace the pages at ``[address, address + length)`` with fresh anonymous zero pages, atomically.
 
-    What was there (a file mapping, or RAM) is released at once; pointers into the range stay valid. ``False``
-    where this cannot be done (not Linux): the caller then only drops its own reference. A failure raises
-    ``SystemCallError`` (an ``OSError``) naming the range."""
+    What was there is released at once; pointers into the range stay valid. For a big RAM array this costs no
+    memory (the kernel takes back the old pages' charge); over a spill file's mapping it would ask for as much as
+    the file is long, so ``release`` does not use it. ``False`` where this cannot be done (not Linux): the caller
+    then only drops its own reference. A failure raises ``SystemCallError`` (an ``OSError``) naming the range."""
     return _libc.map_anonymous_fixed(address, length)
