@@ -15,6 +15,7 @@ here" answer instead of an exception, because each is an optimisation or a safet
 * ``malloc_trim``: ``None`` where the C library has none (musl, macOS);
 * ``posix_fallocate`` (also past the end, ``keep_size``): ``False`` where the platform or filesystem cannot
   (EINVAL, EOPNOTSUPP); any other failure, such as a full disk, raises its ``OSError``;
+* ``punch_hole``: ``False`` where not available or the filesystem cannot;
 * ``map_anonymous_fixed``: ``False`` where not available; a failure raises ``SystemCallError`` (an ``OSError``)
   naming the range.
 
@@ -38,7 +39,7 @@ import numpy as np
 from .errors import SystemCallError
 
 _MAP_FIXED = 0x10  # the same value on every Linux architecture
-_FALLOC_FL_KEEP_SIZE = 1  # <linux/falloc.h>
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2  # <linux/falloc.h>
 _SYNC_WAIT_BEFORE, _SYNC_WRITE, _SYNC_WAIT_AFTER = 1, 2, 4  # <fcntl.h> SYNC_FILE_RANGE_*
 _SYS_CACHESTAT = 451  # the same number on every architecture that has it (Linux 6.5)
 _LINUX = sys.platform.startswith("linux")
@@ -171,13 +172,8 @@ def posix_fallocate(fd: int, offset: int, length: int, keep_size: bool = False) 
     file. Any other failure (a full disk: ENOSPC, EDQUOT) raises the ``OSError``."""
     try:
         if keep_size:
-            function = _linux("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-            if function is None:
-                return False
-            if function(fd, _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
-                code = ctypes.get_errno()
-                raise SystemCallError(code, f"could not reserve {length} bytes at {offset}: {os.strerror(code)}")
-        elif hasattr(os, "posix_fallocate"):
+            return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length, "reserve")
+        if hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, offset, length)
         else:
             return False
@@ -186,6 +182,28 @@ def posix_fallocate(fd: int, offset: int, length: int, keep_size: bool = False) 
             raise
         return False
     return True
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int, verb: str) -> bool:
+    """Linux's ``fallocate(fd, mode, offset, length)``; ``False`` where there is no such call, ``SystemCallError``
+    naming what could not be done (``verb``) when it fails."""
+    function = _linux("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if function is None:
+        return False
+    if function(fd, mode, offset, length) != 0:
+        code = ctypes.get_errno()
+        raise SystemCallError(code, f"could not {verb} {length} bytes at {offset}: {os.strerror(code)}")
+    return True
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Give the file's blocks of ``[offset, offset + length)`` back to the filesystem, keeping its size: the range
+    reads zeros, its pages leave the page cache and every mapping of them, and no memory is asked for. ``False``
+    where this platform or filesystem cannot (or the call failed: the blocks then go with the file)."""
+    try:
+        return _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length, "punch out")
+    except OSError:
+        return False
 
 
 def map_anonymous_fixed(address: int, length: int) -> bool:

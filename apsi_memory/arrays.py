@@ -14,11 +14,13 @@ What a user gets
 
 After ``free(x)``
 -----------------
-The RAM or the file's blocks are given back at once, even while views exist: the pages are replaced in place by
-fresh anonymous zero pages (``spill.detach``), never unmapped, so nothing that still points at them can crash the
-interpreter. ``x`` (and the array ``memory.array`` returned) become read-only: writing raises NumPy's
-``ValueError: assignment destination is read-only``; reading gives zeros. Views made before ``free`` read zeros
-and can still be written (that RAM is then the view's, and goes when the view goes). Arrays under
+The RAM or the file's blocks are given back at once, even while views exist, and nothing is unmapped, so nothing
+that still points at them can crash the interpreter: a RAM array's pages are replaced in place by fresh anonymous
+zero pages (``spill.detach``); a spilled array's file has its blocks punched out and is deleted (``spill.release``:
+this asks for no memory, whatever the size). ``x`` (and the array ``memory.array`` returned) become read-only:
+writing raises NumPy's ``ValueError: assignment destination is read-only``; reading gives zeros. Views made before
+``free`` read zeros and can still be written (into RAM, or into the deleted file, that is then the view's and goes
+when the view goes). Arrays under
 ``SMALL_ARRAY_BYTES`` live in NumPy's own allocation, which cannot be split from ``x``: ``free`` makes them
 read-only and drops them from ``report()``; their few bytes go back when the last reference goes. Freeing twice,
 or freeing a view after its array, does nothing.
@@ -271,7 +273,7 @@ def _give_back(entry: _Tracked, release: bool) -> None:
             spill.detach(entry.address, entry.length)
     elif entry.path is not None:
         if release:
-            spill.release(entry.path, entry.address, entry.length)
+            spill.release(entry.path)
         else:
             spill.delete(entry.path)
 

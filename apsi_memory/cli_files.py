@@ -59,8 +59,9 @@ def _stores(args: argparse.Namespace) -> dict[str, Any]:
 
 def _clean(args: argparse.Namespace) -> dict[str, Any]:
     verb = "would remove" if args.dry_run else "removed"
+    # the store first: a name that is not one (even '') is an error before anything is removed
+    cleared = None if args.store is None else inventory.clear_store(args.store, dry_run=args.dry_run)
     removed = inventory.clean_spill(dry_run=args.dry_run)
-    cleared = inventory.clear_store(args.store, dry_run=args.dry_run) if args.store else None
     if not args.json:
         for f in removed:
             print(f"{verb} {paths.display(f.path)} ({fmt_mb(f.size_bytes)}, pid {f.pid} dead)")

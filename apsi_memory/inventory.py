@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import paths, spill
-from .errors import ArgumentError, CorruptFileError, UnsafePathError
+from .errors import ArgumentError, CorruptFileError
 from .store import Store, resolve_folder
+from .trust import untrusted
 from .units import fmt_mb
 
 STORE_INDEX = "index"  # the journal every store folder has (the theory of operation in ``store/__init__.py``)
@@ -89,9 +90,19 @@ def _names(folder: str) -> list[str]:
 
 # -- spill files ---------------------------------------------------------------------------------------------------
 
+def _listable(folder: str) -> str:
+    """``folder``, made absolute, if it is a folder or is not there yet (nothing kept); anything else there (a file,
+    a symbolic link) is an ``UnsafePathError`` naming the variable that pointed there, not an empty listing."""
+    folder = os.path.abspath(folder)
+    info = _lstat(folder)
+    if info is not None and not stat.S_ISDIR(info.st_mode):
+        raise untrusted(folder, "is not a folder (a file or a symbolic link)")
+    return folder
+
+
 def spill_files(folder: str | None = None) -> list[SpillFile]:
     """The spill files in ``folder`` (default: the configured spill folder), oldest first."""
-    folder = os.path.abspath(folder or paths.spill_dir())
+    folder = _listable(folder or paths.spill_dir())
     now = time.time()
     found: list[SpillFile] = []
     for name in _names(folder):
@@ -142,7 +153,7 @@ def _open(name: str, path: str) -> Store:
 
 def stores(folder: str | None = None) -> list[StoreFolder]:
     """Every store under ``folder`` (default: the configured store folder), by name."""
-    folder = os.path.abspath(folder or paths.store_dir())
+    folder = _listable(folder or paths.store_dir())
     found: list[StoreFolder] = []
     for name in _names(folder):
         path = os.path.join(folder, name)
@@ -178,7 +189,7 @@ def clear_store(name: str, dry_run: bool = False) -> StoreFolder:
     if info is None:
         raise ArgumentError(f"there is no store {name!r} in {paths.display(paths.store_dir())}")
     if info.st_uid != os.getuid():
-        raise UnsafePathError(f"store {name!r} belongs to uid {info.st_uid}, not to this user")
+        raise untrusted(path, f"(store {name!r}) belongs to uid {info.st_uid}, not to this user")
     entries, problem = _count(name, path)
     if problem is not None:
         raise ArgumentError(f"store {name!r} cannot be opened: {problem}")

@@ -64,8 +64,9 @@ def _read_or_create(path: str) -> bytes:
     finally:
         os.close(fd)
     if len(key) != KEY_BYTES:
-        raise CorruptFileError(path, f"signing key must be {KEY_BYTES} bytes, found {len(key)}; fix: rm {path} "
-                                     "(a new key is made; entries signed with this one will read as misses)")
+        raise CorruptFileError(path, f"signing key must be {KEY_BYTES} bytes, found {len(key)}; fix: move it "
+                                     f"aside (mv {path} {path}.bad): a new key is made, and entries signed with this "
+                                     "one read as misses")
     return key
 
 

@@ -14,9 +14,12 @@ on the first write to a page the full disk cannot hold, with SIGBUS — a crash;
 into a ``DiskFullError`` at creation, naming the folder and its free space, and the half-made file is removed.
 
 Freeing while views exist: unmapping memory that a view still points at would crash the interpreter on the next
-touch, so ``detach`` instead replaces the file mapping, in place, with fresh anonymous memory (``mmap`` with
-``MAP_FIXED``). Every view stays valid, reads zeros and holds no RAM until written; the file is then truncated and
-unlinked, so its blocks are free at once.
+touch, and replacing the mapping with anonymous memory asks the kernel for as much memory as the file is long (an
+array bigger than RAM + swap is refused, and under ``vm.overcommit_memory=2`` much less). So ``release`` leaves the
+mapping alone and punches the file's blocks out (``fallocate`` with ``FALLOC_FL_PUNCH_HOLE``, keeping its size),
+then unlinks it: the blocks are free at once, its pages leave RAM, no memory is asked for whatever the size, and
+every view stays valid and reads zeros. A view written after that writes into the deleted file, whose blocks go
+when the last view goes. Where a filesystem cannot punch holes, the blocks go then too.
 """
 
 from __future__ import annotations
@@ -228,19 +231,27 @@ def delete(path: str) -> None:
         _live.pop(path, None)
 
 
-def release(path: str, address: int, length: int) -> None:
-    """Give the file's blocks back now, although views of its mapping may live on (see the module docstring).
-    Truncated through a descriptor opened without following links and checked to be our file: a symbolic link
-    swapped in for it would otherwise truncate whatever it points to."""
-    if detach(address, length) and made_here(path):
-        with contextlib.suppress(OSError):  # gone, or a symbolic link (ELOOP): nothing of ours to truncate
-            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-            try:
-                if _ours(path, os.fstat(fd)):
-                    os.ftruncate(fd, 0)  # nothing here maps it any more, so no page can fault on the lost blocks
-            finally:
-                os.close(fd)
-    delete(path)
+def release(path: str) -> None:
+    """Give the file's blocks back now, although views of its mapping may live on (see the module docstring); never
+    asks for memory, and the file is unlinked whatever happens. Punched through a descriptor opened without
+    following links and checked to be our file: a symbolic link swapped in for it would otherwise empty whatever
+    it points to."""
+    try:
+        if made_here(path):
+            _punch_out(path)
+    finally:
+        delete(path)
+
+
+def _punch_out(path: str) -> None:
+    with contextlib.suppress(OSError):  # gone, or a symbolic link (ELOOP): nothing of ours to punch
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if _ours(path, st):
+                _libc.punch_hole(fd, 0, st.st_size)
+        finally:
+            os.close(fd)
 
 
 def _fresh_locks_in_child() -> None:
@@ -275,7 +286,8 @@ def resident(address: int, length: int) -> int:
 def detach(address: int, length: int) -> bool:
     """Replace the pages at ``[address, address + length)`` with fresh anonymous zero pages, atomically.
 
-    What was there (a file mapping, or RAM) is released at once; pointers into the range stay valid. ``False``
-    where this cannot be done (not Linux): the caller then only drops its own reference. A failure raises
-    ``SystemCallError`` (an ``OSError``) naming the range."""
+    What was there is released at once; pointers into the range stay valid. For a big RAM array this costs no
+    memory (the kernel takes back the old pages' charge); over a spill file's mapping it would ask for as much as
+    the file is long, so ``release`` does not use it. ``False`` where this cannot be done (not Linux): the caller
+    then only drops its own reference. A failure raises ``SystemCallError`` (an ``OSError``) naming the range."""
     return _libc.map_anonymous_fixed(address, length)

@@ -14,7 +14,7 @@ def resolve(root: str | None) -> str:
     """``root``, or where none is given ``APSI_FS_ROOT`` (read now, not at import), else ``/``. The library itself
     always passes its machine's root (``apsi_memory.machine().root``); ``None`` is for direct calls."""
     if root is None:
-        return os.environ.get(ROOT_ENV, "/")
+        return root_from_env()
     if not isinstance(root, str):  # a number would fail deep inside os.path, unnamed
         raise ArgumentTypeError(f"root must be a folder (str) or None, not {type(root).__name__} ({root!r})")
     if not root:  # "" would read proc/meminfo relative to the working folder
@@ -22,6 +22,19 @@ def resolve(root: str | None) -> str:
     if not os.path.isdir(root):  # every file would read as missing: the host's numbers, silently
         raise MissingFileError(errno.ENOENT, "root is not a folder", root)
     return root
+
+
+def root_from_env() -> str:
+    """``APSI_FS_ROOT`` (empty counts as unset: ``/``). Anything but an absolute path to a folder is an
+    ``ArgumentError`` naming the variable: a wrong root would otherwise read as a machine with no cgroup and no
+    PSI, and report the host's memory without a word."""
+    value = os.environ.get(ROOT_ENV, "")
+    if not value:
+        return "/"
+    if not os.path.isabs(value) or not os.path.isdir(value):
+        raise ArgumentError(f"{ROOT_ENV}={value!r} is not an absolute path to a folder (the folder that stands for "
+                            f"/, e.g. a captured machine's tree); fix it, or unset {ROOT_ENV} to read this machine")
+    return value
 
 
 def under(root: str, path: str) -> str:

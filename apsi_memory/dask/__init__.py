@@ -114,12 +114,18 @@ def dask_setup(nanny: Any) -> None:
     ``dask worker`` processes share the machine."""
     if not isinstance(nanny, Nanny):
         raise ArgumentTypeError("apsi_memory.dask is a nanny preload: use --preload-nanny, not --preload")
-    from_env = os.environ.get(WORKERS_ENV)
-    if from_env and not from_env.isdigit():
-        raise ArgumentError(f"{WORKERS_ENV}={from_env!r}: the number of workers on this machine, a whole number")
-    count = int(from_env) if from_env else _nannies_here(nanny)
-    set_limit(nanny, count)
+    count = workers_from_env()
+    set_limit(nanny, _nannies_here(nanny) if count is None else count)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
+
+
+def workers_from_env() -> int | None:
+    """``APSI_DASK_WORKERS``: a whole number of at least 1, or ``None`` where it is unset or empty."""
+    from_env = os.environ.get(WORKERS_ENV, "")
+    if from_env and not (from_env.isascii() and from_env.isdigit() and int(from_env) >= 1):
+        raise ArgumentError(f"{WORKERS_ENV}={from_env!r}: the number of workers on this machine, a whole number of "
+                            "at least 1")
+    return int(from_env) if from_env else None
 
 
 def _nannies_here(nanny: Any) -> int:

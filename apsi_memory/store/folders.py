@@ -10,6 +10,7 @@ import threading
 from .._once import fork_hooks
 from ..errors import ArgumentError, UnsafePathError
 from ..paths import display, store_dir
+from ..trust import within
 
 _allowed: set[str] = set()
 _allowed_lock = threading.Lock()
@@ -28,14 +29,24 @@ def allow_write(path: str | os.PathLike[str]) -> None:
 
 
 def _allowed_roots() -> list[str]:
-    from_env = [p for p in os.environ.get("APSI_ALLOW_WRITE", "").split(os.pathsep) if p]
     _register_fork_hook()
     with _allowed_lock:
-        return list(_allowed) + [os.path.realpath(os.path.expanduser(p)) for p in from_env]
+        return list(_allowed) + roots_from_env()
 
 
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+def roots_from_env() -> list[str]:
+    """The folders of ``APSI_ALLOW_WRITE`` (separated by ``os.pathsep``; empty entries are skipped, not taken for
+    the working folder as ``PATH`` would). A relative one is an ``ArgumentError`` naming the variable: it would
+    allow whatever folder the program happens to run in."""
+    roots = []
+    for entry in os.environ.get("APSI_ALLOW_WRITE", "").split(os.pathsep):
+        folder = os.path.expanduser(entry)
+        if entry and not os.path.isabs(folder):
+            raise ArgumentError(f"APSI_ALLOW_WRITE holds the relative path {entry!r}, which would allow writes "
+                                f"wherever the program runs; give absolute paths (e.g. {os.path.abspath(entry)})")
+        if entry:
+            roots.append(os.path.realpath(folder))
+    return roots
 
 
 def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
@@ -53,7 +64,7 @@ def allowed_folder(path: str) -> str:
     """``path``, resolved, if it is under the store folder or an allowed root; else ``UnsafePathError``."""
     folder = os.path.realpath(os.path.expanduser(path))
     roots = [os.path.realpath(store_dir())] + _allowed_roots()
-    if not any(_is_within(folder, root) for root in roots):
+    if not any(within(folder, root) for root in roots):
         raise UnsafePathError(
             errno.EPERM,
             f"store path {folder} is outside {display(store_dir())} and not allowed for writing; allow it with "
