@@ -17,6 +17,9 @@ What is not part of the key: the source of the functions it calls (a changed hel
 reads from globals or closures, the environment, and paths inside containers (a list of paths is hashed as its
 strings). As with joblib.Memory, a result that depends on those should get them as arguments. Exceptions are not
 cached; a result that cannot be kept (a full disk) is returned with a ``NotCachedWarning``.
+
+A hit returns what a miss did, the caller's own value: an array comes back writable (copy-on-write for a big
+one, see ``Store.get``), and writing to it never changes what the cache holds.
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ same batches, before anything that needs its order (iteration, eviction, compact
 *RAM tier*: values last used, least recently used out first, within ``ram_mb``: a pickle's bytes (unpickled on
 every get, so callers never share a mutable object), a small array's read-only copy, and a big array as the
 read-only mapping of its file (the page cache's copy, not a second one: a ``set`` writes the file, then maps it).
+What a ``get`` hands out is the caller's own, as ``np.load``'s result is: a pickle unpickled afresh, a small array
+copied, a big one mapped again from its file copy-on-write (``MAP_PRIVATE``: no copy until the caller writes a page,
+and what it writes never reaches the file or another reader). ``get(key, writable=False)`` hands out the tier's own
+read-only array instead, for many readers of one big array.
 
 *Checkpoint*: once 4096 records (and 1/8 of the entries) were appended since the last one, or at ``close`` after
 4096, a writer saves the index (``checkpoint.py``: signed with keyed BLAKE3, bound to the journal's epoch and the bytes before the

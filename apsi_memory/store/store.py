@@ -50,7 +50,8 @@ _MISSING = object()
 class Store:
     """A two-tier cache in ``folder``, a mapping from keys to values. Use ``memory.store(name_or_path, ram_mb=...,
     disk_gb=...)``. Keys are ``str``, ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys); values
-    are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable."""
+    are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable. An array read back is writable and
+    the caller's own (``get``)."""
 
     def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
@@ -97,7 +98,12 @@ class Store:
 
     # -- reading --
 
-    def get(self, key: Key, default: Any = None) -> Any:
+    def get(self, key: Key, default: Any = None, *, writable: bool = True) -> Any:
+        """The value of ``key``, or ``default``. Every call returns a value of its own, as ``np.load`` would: a
+        pickled value is unpickled afresh, and an array is writable without the stored one ever changing: a copy
+        of a small array, a copy-on-write map of a big one's file (pages are copied only as they are written).
+        ``writable=False`` returns the store's own read-only array instead (no copy and no new mapping: the way to
+        share one big array between many readers)."""
         if self._closed:
             self._check_open()
         encoded = encode_key(key)
@@ -107,15 +113,17 @@ class Store:
             values = self._ram.values
             held = values.get(encoded)
             if held is None:
-                return self._get_from_disk(encoded, default)
+                return self._get_from_disk(encoded, default, writable)
             values.move_to_end(encoded)
             reads = self._journal.pending_touches  # ``_read``, unrolled: the hot path of a RAM hit
             reads.append(encoded)
             if len(reads) >= TOUCH_BATCH:
                 self.flush()
-            return pickle.loads(held.value) if held.kind == KIND_PICKLE else held.value
+            if held.kind == KIND_PICKLE:
+                return pickle.loads(held.value)
+            return datafiles.writable(held, self._data_fd) if writable else held.value
 
-    def _get_from_disk(self, key: bytes, default: Any, second_look: bool = False) -> Any:
+    def _get_from_disk(self, key: bytes, default: Any, writable: bool, second_look: bool = False) -> Any:
         entry = self._index.get(key)
         if entry is None:
             return default
@@ -127,12 +135,12 @@ class Store:
         except (FileNotFoundError, _Tampered, Unloadable) as err:
             self._catch_up()
             if self._index.get(key) != entry:  # replaced, removed or compacted away meanwhile: not damage
-                return default if second_look else self._get_from_disk(key, default, True)
+                return default if second_look else self._get_from_disk(key, default, writable, True)
             self._unreadable(key, entry, err)
             return default
         self._ram.put(key, held)
         self._read(key)
-        return value
+        return datafiles.writable(held, self._data_fd) if writable and held.kind != KIND_PICKLE else value
 
     def _read(self, key: bytes) -> None:
         """Remember a read: its recency reaches the index and the journal in batches (``_settle_reads``)."""
@@ -240,10 +248,11 @@ class Store:
                             f"({fmt_mb(self.disk_limit)}); nothing was stored")
         inline = blob.kind != KIND_NPY_MAP and blob.size <= INLINE_MAX_BYTES
         if inline:
-            entry, inline_value, ram_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts), blob.ram_value
+            entry, inline_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts)
+            held = None if blob.ram_value is None else _Held(blob.ram_value, blob.kind, blob.ram_nbytes, stem)
         else:  # written outside the lock: nobody sees it before its record
             entry, inline_value = Entry(stem + EXT[blob.kind], blob.kind, blob.size), b""
-            ram_value = self._write_file(entry, blob)
+            held = self._write_file(entry, blob)
         with self._lock, self._journal:
             try:
                 self._catch_up()
@@ -254,23 +263,23 @@ class Store:
                 raise
             if inline:
                 entry = Entry(stem, blob.kind, blob.size, end - blob.size)
-            self._committed(encoded, entry, ram_value, blob.ram_nbytes)
+            self._committed(encoded, entry, held)
 
-    def _write_file(self, entry: Entry, blob: _Blob) -> Any:
+    def _write_file(self, entry: Entry, blob: _Blob) -> _Held | None:
         """A value's own file, and what the RAM tier keeps of it: a big array mapped from that file, if it fits."""
         def full() -> DiskFullError:
             return disk_full(self._data, blob.size)
         if entry.kind == KIND_NPY_MAP and blob.ram_nbytes <= self._ram.limit:
             return datafiles.write_mapped(entry.name, self._data_fd, blob.parts, blob.size, full)
         write_new(entry.name, self._data_fd, blob.parts, full)
-        return blob.ram_value
+        return None if blob.ram_value is None else _Held(blob.ram_value, entry.kind, blob.ram_nbytes, entry.name)
 
-    def _committed(self, key: bytes, entry: Entry, ram_value: Any, ram_nbytes: int) -> None:
+    def _committed(self, key: bytes, entry: Entry, held: _Held | None) -> None:
         """Under both locks, after the SET record is in: index it, then make room. Files no record names any more
         go before the lock is released, so the disk never holds more than the limit and the values in flight."""
         old = self._index.put(key, entry)
-        if ram_value is not None:
-            self._ram.put(key, _Held(ram_value, entry.kind, ram_nbytes, entry.name))
+        if held is not None:
+            self._ram.put(key, held)
         else:
             self._ram.drop(key)
         if old is not None:
