@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -194,12 +195,19 @@ def test_freeing_twice_or_through_a_view_is_harmless(pressure_machine, tmp_path)
     assert spill_files(tmp_path) == [] and str(x.shape) not in str(memory.report())
 
 
-def test_free_refuses_what_is_not_an_array_and_ignores_arrays_it_did_not_make(pressure_machine):
+def test_free_refuses_what_is_not_an_array_and_warns_about_arrays_it_did_not_make(pressure_machine):
+    """Freeing an array of someone else's did nothing, silently (test first failed: no warning)."""
     with pytest.raises(TypeError, match="list"):
         memory.free([1, 2, 3])  # type: ignore[arg-type]
     plain = np.ones(3)
-    memory.free(plain)
+    with pytest.warns(memory.NotFreedWarning, match=r"float64 array of shape \[3\] that memory.array did not make"):
+        memory.free(plain)
     assert plain.flags.writeable and plain.sum() == 3
+    ours = memory.array(3, "float64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memory.free(ours[1:])  # a view of ours, and ours twice: no warning
+        memory.free(ours)
 
 
 def test_a_collected_array_deletes_its_file_and_leaves_the_report(pressure_machine, tmp_path):

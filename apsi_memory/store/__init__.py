@@ -86,9 +86,10 @@ from ..paths import display, private_dir, store_dir
 from ..units import GiB, MiB
 from .folders import allow_write, resolve_folder
 from .keys import Key, decode_key, encode_key
+from .stats import CacheStats
 from .store import Store
 
-__all__ = ["DEFAULT_DISK_GB", "DEFAULT_RAM_MB", "Key", "Store", "allow_write", "decode_key", "encode_key",
+__all__ = ["DEFAULT_DISK_GB", "DEFAULT_RAM_MB", "CacheStats", "Key", "Store", "allow_write", "decode_key", "encode_key",
            "resolve_folder", "store"]
 
 DEFAULT_RAM_MB = 256.0
@@ -106,9 +107,10 @@ def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
     """Open (or create) a store: ``memory.store("embeddings", ram_mb=512, disk_gb=50)``. Keys are ``str``,
     ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys).
 
-    A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); a path must be allowed first with
+    A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); an absolute path must be allowed first with
     ``memory.allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``UnsafePathError`` (a ``PermissionError``)
-    says how. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
+    says how; a relative path (``"a/b"``) is refused (``ArgumentError``), as it would depend on the working folder.
+    ``with memory.store(...) as s:`` closes it at the end; ``s.stats()`` counts hits, misses and evictions. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
     user could write is refused with an ``UnsafePathError`` naming the fix.
     """
     ram_bytes = _size_bytes(ram_mb, MiB, "ram_mb")

@@ -194,14 +194,14 @@ def held_mapping(fd: int, size: int, header: bytes, name: str) -> _Held:
     return _Held(array, KIND_NPY_MAP, array.nbytes, name, (stat.st_dev, stat.st_ino))
 
 
-def private_map(held: _Held, fd: int) -> np.ndarray:
+def private_map(held: _Held, fd: int) -> np.ndarray | None:
     """``held``'s mapped array again, mapped copy-on-write from ``fd``, its file: writable, and what the caller
-    writes stays in its own pages (the file, and every other reader's array, never change). ``ValueError`` when
-    ``fd`` is not the file ``held`` maps (replaced or truncated since)."""
+    writes stays in its own pages (the file, and every other reader's array, never change). ``None`` when ``fd``
+    is not the file ``held`` maps (replaced or truncated since)."""
     stat = os.fstat(fd)
     array: np.ndarray = held.value
     offset = stat.st_size - SIGNATURE_BYTES - array.nbytes  # the header's length: the data follows it
     if (stat.st_dev, stat.st_ino) != held.file or offset < 0:
-        raise ValueError("not the file that was mapped")
+        return None
     mapping = mmap.mmap(fd, stat.st_size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     return np.ndarray(array.shape, dtype=array.dtype, buffer=mapping, offset=offset)

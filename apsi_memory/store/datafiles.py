@@ -56,11 +56,13 @@ def writable(held: _Held, data_fd: int) -> np.ndarray:
             pass
         else:
             try:
-                return private_map(held, fd)
-            except (OSError, ValueError):
-                pass
+                mapped = private_map(held, fd)
+            except OSError:
+                mapped = None
             finally:
                 os.close(fd)
+            if mapped is not None:
+                return mapped
     copy: np.ndarray = held.value.copy()
     return copy
 

@@ -31,6 +31,7 @@ from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_
 from .journal import _Journal, close_files, disk_full
 from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, decode_key, encode_key, new_stem
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
+from .stats import CacheStats, Counts
 from .tiers import _Index, _RamTier
 
 # Reads are remembered in memory and written to the journal in batches (with the next write, or at this many).
@@ -80,6 +81,8 @@ class Store:
         self._closed = False
         self._old_seen = False  # an entry signed the old way was met (warned once per handle)
         self._settled = 0  # how many of the journal's pending reads the index has applied (``_settle_reads``)
+        self._counts = Counts()
+        self._key_counts: weakref.WeakSet[Counts] = weakref.WeakSet()  # a @cached function's, of its keys only
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
         self._closer = weakref.finalize(self, close_files, self._journal, (self._data_fd, self._dir_fd), False)
@@ -115,6 +118,7 @@ class Store:
             if held is None:
                 return self._get_from_disk(encoded, default, writable)
             values.move_to_end(encoded)
+            self._counts.hits += 1
             reads = self._journal.pending_touches  # ``_read``, unrolled: the hot path of a RAM hit
             reads.append(encoded)
             if len(reads) >= TOUCH_BATCH:
@@ -126,6 +130,7 @@ class Store:
     def _get_from_disk(self, key: bytes, default: Any, writable: bool, second_look: bool = False) -> Any:
         entry = self._index.get(key)
         if entry is None:
+            self._counts.misses += 1
             return default
         try:
             if entry.offset >= 0:  # inline: in the journal
@@ -134,10 +139,14 @@ class Store:
                 value, held = datafiles.load(self._seal, key, entry, self._data_fd)
         except (FileNotFoundError, _Tampered, Unloadable) as err:
             self._catch_up()
-            if self._index.get(key) != entry:  # replaced, removed or compacted away meanwhile: not damage
-                return default if second_look else self._get_from_disk(key, default, writable, True)
-            self._unreadable(key, entry, err)
+            now = self._index.get(key)
+            if now != entry and not second_look:  # replaced, removed or compacted away meanwhile: not damage
+                return self._get_from_disk(key, default, writable, True)
+            if now == entry:
+                self._unreadable(key, entry, err)
+            self._counts.misses += 1
             return default
+        self._counts.hits += 1
         self._ram.put(key, held)
         self._read(key)
         return datafiles.writable(held, self._data_fd) if writable and held.kind != KIND_PICKLE else value
@@ -313,7 +322,10 @@ class Store:
         self._settle_reads()
         victims = index.evict_to(max(0, self.disk_limit - records - journal.checkpoint_room() - room), keep)
         if victims:
-            for key, _ in victims:
+            keys = [key for key, _ in victims]
+            for counts in (self._counts, *self._key_counts):
+                counts.evicted(keys)
+            for key in keys:
                 self._ram.drop(key)
             try:
                 self._append([Record(OP_DEL, key) for key, _ in victims])
@@ -450,6 +462,12 @@ class Store:
                 close_files(self._journal, (self._data_fd, self._dir_fd), True,
                             (self._seal.store_key, self._index.snapshot))
 
+    def __enter__(self) -> Store:  # noqa: PYI034 - typing.Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     # -- pressure --
 
     def on_level(self, level: Level) -> None:
@@ -464,6 +482,14 @@ class Store:
             self._ram.clear()
 
     # -- reports --
+
+    def stats(self) -> CacheStats:
+        """Hits, misses and evictions of this handle, in this process (``CacheStats``)."""
+        return self._counts.snapshot()
+
+    def count_keys(self, counts: Counts) -> None:
+        """Count evictions of the keys starting with ``counts.prefix`` in ``counts`` too (as long as it lives)."""
+        self._key_counts.add(counts)
 
     @property
     def ram_bytes(self) -> int:
