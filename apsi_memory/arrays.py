@@ -45,7 +45,7 @@ from .decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from .errors import ArgumentError, ArgumentTypeError, NotFreedWarning
 from .ledger import Ledger
 from .machinery import machine
-from .units import GiB
+from .units import fmt_size
 
 log = logging.getLogger(__name__)  # "apsi_memory.arrays": one DEBUG line per big array placed, with the reason
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -70,7 +70,7 @@ class ArrayRecord(NamedTuple):
 
     def __str__(self) -> str:
         where = f"{self.place} {self.path}" if self.path else str(self.place)
-        return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where} — {self.why}"
+        return f"{list(self.shape)} {self.dtype} {fmt_size(self.nbytes, 3)} {where} — {self.why}"
 
 
 _T = TypeVar("_T", bound="_Tracked")

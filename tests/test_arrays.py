@@ -243,8 +243,8 @@ def test_report_lists_each_live_array_as_the_spec_prints_it(pressure_machine):
     in_ram = memory.array((1000, 8), "float32")
     on_ssd = memory.array((20_000_000, 1), "float32")
     lines = [str(r) for r in new_records(before)]
-    assert lines == ["[1000, 8] float32 0.000 GB RAM — under 1 MiB, always in RAM",
-                     (f"[20000000, 1] float32 0.075 GB SSD {on_ssd.filename} "
+    assert lines == ["[1000, 8] float32 31.250 KB RAM — under 1 MB, always in RAM",  # (was "0.000 GB")
+                     (f"[20000000, 1] float32 76.294 MB SSD {on_ssd.filename} "
                      "— 76.3 MB is more than the 64.0 MB left of the budget")]
     first = new_records(before)[0]
     assert (first.shape, first.dtype, first.nbytes, str(first.place), first.path) == \

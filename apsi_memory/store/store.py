@@ -25,7 +25,7 @@ from ..fileio import write_new
 from ..machinery import machine
 from ..signing import user_key
 from ..trust import open_folder
-from ..units import MiB, fmt_mb
+from ..units import MiB, fmt_size
 from . import checkpoint, datafiles, forks
 from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
 from .journal import _Journal, close_files, disk_full
@@ -253,8 +253,8 @@ class Store:
         stem = new_stem()
         blob = to_blob(self._seal, encoded, stem, value, self._ram.limit)
         if blob.size > self.disk_limit:
-            raise SizeError(f"a {fmt_mb(blob.size)} value does not fit this store's SSD tier "
-                            f"({fmt_mb(self.disk_limit)}); nothing was stored")
+            raise SizeError(f"a {fmt_size(blob.size)} value does not fit this store's SSD tier "
+                            f"({fmt_size(self.disk_limit)}); nothing was stored")
         inline = blob.kind != KIND_NPY_MAP and blob.size <= INLINE_MAX_BYTES
         if inline:
             entry, inline_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts)
@@ -507,7 +507,7 @@ class Store:
             return f"<store {self.label}: closed>"
         with self._lock:
             self._catch_up()
-            return (f"<store {self.label}: {len(self._ram.values)} in RAM ({fmt_mb(self._ram.total)}), "
-                    f"{len(self._index)} on SSD ({fmt_mb(self._index.total)})>")
+            return (f"<store {self.label}: {len(self._ram.values)} in RAM ({fmt_size(self._ram.total)}), "
+                    f"{len(self._index)} on SSD ({fmt_size(self._index.total)})>")
 
     __repr__ = __str__
