@@ -38,6 +38,7 @@ from .errors import (
     BatchTooSmallError,
     BlockError,
     BudgetWarning,
+    CacheKeyWarning,
     ChunkError,
     CorruptFileError,
     DiskFullError,
@@ -45,6 +46,7 @@ from .errors import (
     MissingFileError,
     MissingKeyError,
     NotCachedWarning,
+    NotFreedWarning,
     OldEntryWarning,
     PoolError,
     SizeError,
@@ -77,7 +79,7 @@ from .mapping import map, to_dask
 # -- store and cached (store/__init__.py, store/folders.py, cached.py) --
 # (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
 from .cached import cached
-from .store import Store, allow_write, store
+from .store import CacheStats, Store, allow_write, store
 
 # -- devices, best_device (devices.py) and fit_batch (batch.py) --
 # (the function ``devices`` shadows the submodule attribute: use ``from apsi_memory.devices import gpus``)
@@ -120,6 +122,8 @@ __all__ = [
     "UnloadableWarning",
     "OldEntryWarning",
     "NotCachedWarning",
+    "CacheKeyWarning",
+    "NotFreedWarning",
     # chunks and map
     "chunks",
     "map",
@@ -137,6 +141,7 @@ __all__ = [
     "report",
     # store and cached
     "Store",
+    "CacheStats",
     "cached",
     "allow_write",
     "store",

@@ -35,6 +35,7 @@ import mmap
 import operator
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -43,10 +44,10 @@ import numpy as np
 
 from . import spill
 from .decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
-from .errors import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError, NotFreedWarning
 from .ledger import Ledger
 from .machinery import machine
-from .units import GiB
+from .units import fmt_size
 
 log = logging.getLogger(__name__)  # "apsi_memory.arrays": one DEBUG line per big array placed, with the reason
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -71,7 +72,7 @@ class ArrayRecord(NamedTuple):
 
     def __str__(self) -> str:
         where = f"{self.place} {self.path}" if self.path else str(self.place)
-        return f"{list(self.shape)} {self.dtype} {self.nbytes / GiB:.3f} GB {where} — {self.why}"
+        return f"{list(self.shape)} {self.dtype} {fmt_size(self.nbytes, 3)} {where} — {self.why}"
 
 
 _T = TypeVar("_T", bound="_Tracked")
@@ -294,12 +295,15 @@ def _find(x: Any) -> _Tracked | None:
 def free(x: np.ndarray) -> None:
     """Give ``x``'s RAM back now, or delete its spill file now. ``x`` may be a view: its whole array is freed.
 
-    Afterwards ``x`` is read-only and reads zeros (see the module docstring). Freeing twice does nothing."""
+    Afterwards ``x`` is read-only and reads zeros (see the module docstring). Freeing twice does nothing; an array
+    ``memory.array`` did not make is left as it is, with a ``NotFreedWarning``."""
     if not isinstance(x, np.ndarray):
         raise ArgumentTypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
     entry = _find(x)
-    if entry is None:
-        return  # not ours, or already collected: nothing to give back
+    if entry is None:  # a live array we did not make (ours stay tracked while any view of them lives)
+        warnings.warn(NotFreedWarning(f"memory.free was given a {x.dtype} array of shape {list(x.shape)} that "
+                                      "memory.array did not make: nothing was freed"), stacklevel=2)
+        return
     with _lock:
         if entry.freed:
             return

@@ -1,5 +1,8 @@
 """``apsi-memory status | limits | pressure [--watch SECONDS] | dask-limit [--workers N]``, each with ``--json``;
-``spill | stores | clean`` (``cli_files``); ``--version``."""
+``spill | stores | clean`` (``cli_files``); ``--version``.
+
+With ``--json``, an error is JSON on stdout too, ``{"error": message, "type": kind}`` (``cli_files.fail``; a usage
+error's kind is ``UsageError``, exit 2). Sizes in text follow ``units``: binary KB/MB/GB."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from . import cli_files
 from ._version import __version__
@@ -16,12 +20,24 @@ from .decide import chunk_bytes, worker_memory_limit
 from .errors import ApsiMemoryError
 from .machinery import machine
 from .status import status
-from .units import seconds
+from .units import fmt_size, seconds
 
 COMMANDS: dict[str, Callable[[], object]] = {"status": status, "limits": limits, "pressure": pressure}
 
 
-class _Subcommand(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
+    """With ``json_errors`` (``--json`` was given), a usage error is printed as JSON on stdout too."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if self.json_errors:
+            print(json.dumps({"error": message, "type": "UsageError"}), flush=True)
+            self.exit(2)
+        super().error(message)
+
+
+class _Subcommand(_Parser):
     """A subcommand's parser that rejects a flag it does not know itself, with its own usage line (argparse
     otherwise hands unknown arguments back up, and the top-level usage is shown)."""
 
@@ -33,8 +49,9 @@ class _Subcommand(argparse.ArgumentParser):
         return parsed, unknown
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="apsi-memory", description="The memory this program really has.")
+def _parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    parser = _Parser(prog="apsi-memory", description="The memory this program really has.",
+                     epilog="Sizes are binary: 1 KB = 1024 bytes, 1 MB = 1024 KB, 1 GB = 1024 MB.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Subcommand)
     cli_files.add_json_commands(sub, (("status", "RAM, swap, SSD, cores and GPUs in one line"),
@@ -44,10 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     watch = sub.choices["pressure"]
     watch.add_argument("--watch", type=_seconds, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
     watch.add_argument("--count", type=_at_least_one("readings"), metavar="N", help="with --watch: stop after N readings")
-    dask = sub.add_parser("dask-limit", help="memory limit and chunk size per dask worker, for a deployment script")
-    dask.add_argument("--workers", type=_at_least_one("workers"), metavar="N", help="workers sharing this machine (default: its cores)")
-    dask.add_argument("--json", action="store_true", help="print one JSON object")
+    dask_help = "memory limit and chunk size per dask worker, for a deployment script"
+    cli_files.add_json_commands(sub, (("dask-limit", dask_help),), "print one JSON object")
+    sub.choices["dask-limit"].add_argument("--workers", type=_at_least_one("workers"), metavar="N",
+                                           help="workers sharing this machine (default: its cores)")
     cli_files.add_commands(sub)
+    for command in (parser, *sub.choices.values()):
+        if isinstance(command, _Parser):
+            command.json_errors = json_errors
     return parser
 
 
@@ -85,9 +106,9 @@ class DaskLimit:
         return dict(vars(self))
 
     def __str__(self) -> str:
-        return (f"--memory-limit {self.memory_limit_bytes} per worker ({self.memory_limit_bytes / 2**30:.2f} GiB, "
-                f"{self.workers} workers sharing {self.usable_bytes / 2**30:.1f} GiB), chunks of "
-                f"{self.chunk_bytes >> 20} MiB")
+        return (f"--memory-limit {self.memory_limit_bytes} per worker ({fmt_size(self.memory_limit_bytes, 2)}, "
+                f"{self.workers} workers sharing {fmt_size(self.usable_bytes)}), chunks of "
+                f"{fmt_size(self.chunk_bytes, 0)}")
 
 
 def _show(reading: object, as_json: bool) -> None:
@@ -95,7 +116,8 @@ def _show(reading: object, as_json: bool) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(json_errors="--json" in argv)
     args = parser.parse_args(argv)
     if args.command == "dask-limit":
         return _dask_limit(args.workers, args.json)
@@ -113,8 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _show(read(), args.json)
             shown += 1
     except ApsiMemoryError as exc:
-        print(f"apsi-memory: {exc}", file=sys.stderr)
-        return 1
+        return cli_files.fail("apsi-memory", exc, args.json)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `apsi-memory pressure --watch 1 | head -1`: the reader left, which is fine
@@ -127,8 +148,7 @@ def _dask_limit(workers: int | None, as_json: bool) -> int:
     try:
         _show(DaskLimit(workers), as_json)
     except ApsiMemoryError as exc:  # too many workers for this memory, a kernel file that cannot be read
-        print(f"apsi-memory: {exc}", file=sys.stderr)
-        return 1
+        return cli_files.fail("apsi-memory", exc, as_json)
     return 0
 
 

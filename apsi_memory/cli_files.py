@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import inventory, paths
-from .units import fmt_mb
+from .units import fmt_size
 
 
 def counted(n: int, noun: str) -> str:
@@ -20,9 +20,22 @@ def counted(n: int, noun: str) -> str:
 
 
 def add_json_commands(sub: Any, commands: tuple[tuple[str, str], ...], json_help: str) -> None:
-    """Add each ``(name, help)`` command to the main parser's subparsers, each with a ``--json`` flag."""
+    """Add each ``(name, help)`` command to the main parser's subparsers, each with a ``--json`` flag; ``help`` is
+    its line in ``apsi-memory --help`` and the description its own ``--help`` shows."""
     for name, help_text in commands:
-        sub.add_parser(name, help=help_text).add_argument("--json", action="store_true", help=json_help)
+        command = sub.add_parser(name, help=help_text, description=help_text[:1].upper() + help_text[1:] + ".")
+        command.add_argument("--json", action="store_true", help=json_help + "; errors too, as "
+                             '{"error": message, "type": kind}')
+
+
+def fail(who: str, error: BaseException, as_json: bool) -> int:
+    """Say why a command failed, and its exit status (1): ``who: error`` on stderr, or with ``--json`` one object
+    on stdout of the same shape for every command, ``{"error": message, "type": the error's class name}``."""
+    if as_json:
+        print(json.dumps({"error": str(error), "type": type(error).__name__}), flush=True)
+    else:
+        print(f"{who}: {error}", file=sys.stderr)
+    return 1
 
 
 def add_commands(sub: Any) -> None:
@@ -41,7 +54,7 @@ def _spill(args: argparse.Namespace) -> dict[str, Any]:
         for f in files:
             print(f)
         dead = sum(not f.alive for f in files)
-        print(f"{counted(len(files), 'spill file')}, {fmt_mb(sum(f.size_bytes for f in files))} in total, {dead} of dead "
+        print(f"{counted(len(files), 'spill file')}, {fmt_size(sum(f.size_bytes for f in files))} in total, {dead} of dead "
               f"owners, in {paths.display(paths.spill_dir())}")
     return {"folder": paths.spill_dir(), "files": [inventory.as_dict(f) for f in files],
             "total_bytes": sum(f.size_bytes for f in files)}
@@ -52,7 +65,7 @@ def _stores(args: argparse.Namespace) -> dict[str, Any]:
     if not args.json:
         for s in found:
             print(s)
-        print(f"{counted(len(found), 'store')}, {fmt_mb(sum(s.bytes_on_ssd for s in found))} on the SSD, in "
+        print(f"{counted(len(found), 'store')}, {fmt_size(sum(s.bytes_on_ssd for s in found))} on the SSD, in "
               f"{paths.display(paths.store_dir())}")
     return {"folder": paths.store_dir(), "stores": [inventory.as_dict(s) for s in found]}
 
@@ -64,8 +77,8 @@ def _clean(args: argparse.Namespace) -> dict[str, Any]:
     removed = inventory.clean_spill(dry_run=args.dry_run)
     if not args.json:
         for f in removed:
-            print(f"{verb} {paths.display(f.path)} ({fmt_mb(f.size_bytes)}, pid {f.pid} dead)")
-        print(f"{verb} {counted(len(removed), 'spill file')} of dead owners ({fmt_mb(sum(f.size_bytes for f in removed))})")
+            print(f"{verb} {paths.display(f.path)} ({fmt_size(f.size_bytes)}, pid {f.pid} dead)")
+        print(f"{verb} {counted(len(removed), 'spill file')} of dead owners ({fmt_size(sum(f.size_bytes for f in removed))})")
         if cleared is not None:
             print(f"{'would clear' if args.dry_run else 'cleared'} store {cleared.name}: "
                   f"{counted(cleared.entries or 0, 'entry')}")
@@ -82,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = COMMANDS[args.command](args)
     except (ValueError, PermissionError) as exc:
-        print(f"apsi-memory {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return fail(f"apsi-memory {args.command}", exc, args.json)
     if args.json:
         print(json.dumps(result))
     return 0

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ArgumentError
+from .units import fmt_size, in_one_unit
 
 
 class _StrChoices(enum.EnumMeta):
@@ -214,20 +215,14 @@ def place_reason(nbytes: int, budget_left: int, budget: int, level: Level) -> st
     """Why ``place`` decided as it did, in the words ``report()`` shows after the place: ``fits the budget (1.2 of
     4.0 GB left)``, ``6.0 GB is more than the 1.2 GB left of the budget``, ``pressure high``."""
     if nbytes < SMALL_ARRAY_BYTES:
-        return "under 1 MiB, always in RAM"
+        return f"under {fmt_size(SMALL_ARRAY_BYTES, 0)}, always in RAM"
     if level >= Level.HIGH:
         return f"pressure {level}"
     if nbytes > budget_left:
-        size, left, unit = _one_unit(nbytes, budget_left)
+        size, left, unit = in_one_unit(nbytes, budget_left)
         return f"{size} {unit} is more than the {left} {unit} left of the budget"
-    left, total, unit = _one_unit(budget_left, budget)
+    left, total, unit = in_one_unit(budget_left, budget)
     return f"fits the budget ({left} of {total} {unit} left)"
-
-
-def _one_unit(*sizes: int) -> tuple[str, ...]:
-    """The sizes with one decimal in one unit: GB (2^30) when the largest is at least 1 GB, else MB (2^20)."""
-    unit, name = (1 << 30, "GB") if max(sizes) >= 1 << 30 else (1 << 20, "MB")
-    return (*(f"{size / unit:.1f}" for size in sizes), name)
 
 
 # -- eviction ----------------------------------------------------------------------------------------------------
@@ -389,8 +384,8 @@ def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1) ->
     share = (usable_bytes - DASK_OUTSIDE_WORKERS_BYTES) // n_workers
     needed = DASK_WORKER_BASE_BYTES + nthreads * CHUNKS_PER_TASK * MIN_CHUNK_BYTES
     if share < needed:
-        raise ArgumentError(f"{usable_bytes >> 20} MiB usable cannot hold {n_workers} dask workers of {nthreads} "
-                         f"thread(s): each would get {max(0, share) >> 20} MiB, under the {needed >> 20} MiB a "
+        raise ArgumentError(f"{fmt_size(usable_bytes)} usable cannot hold {n_workers} dask workers of {nthreads} "
+                         f"thread(s): each would get {fmt_size(max(0, share))}, under the {fmt_size(needed)} a "
                          "worker needs; use fewer workers")
     return share
 

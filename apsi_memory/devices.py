@@ -46,7 +46,7 @@ from typing import Any
 
 from .adapters.root import resolve, under
 from .machinery import machine
-from .units import GiB, fmt_gb, parse_size
+from .units import in_one_unit, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,8 @@ class Gpu:
     backend: str  # who was asked: "torch", "cupy" or "nvml"
 
     def __str__(self) -> str:
-        return f"{self.device} {self.name} {self.free_bytes / GiB:.1f}/{fmt_gb(self.total_bytes)} free"
+        free, total, unit = in_one_unit(self.free_bytes, self.total_bytes)
+        return f"{self.device} {self.name} {free}/{total} {unit} free"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,7 +85,8 @@ class Cpu:
     device: str = "cpu"
 
     def __str__(self) -> str:
-        return (f"{self.device} {self.cores} cores, {self.free_bytes / GiB:.1f}/{fmt_gb(self.usable_bytes)} free "
+        free, usable, unit = in_one_unit(self.free_bytes, self.usable_bytes)
+        return (f"{self.device} {self.cores} cores, {free}/{usable} {unit} free "
                 f"({self.source})")
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,9 @@ classes below; the README shows the same drawing)::
     ├── BudgetWarning
     ├── UnloadableWarning
     ├── OldEntryWarning
-    └── NotCachedWarning
+    ├── NotCachedWarning
+    ├── CacheKeyWarning
+    └── NotFreedWarning
 """
 
 from __future__ import annotations
@@ -131,3 +133,12 @@ class NotCachedWarning(UserWarning, metaclass=_OwnMembers):
 
 class BudgetWarning(UserWarning, metaclass=_OwnMembers):
     """``budget()`` was set above the memory this process may use; arrays are still placed by what is free."""
+
+
+class CacheKeyWarning(UserWarning, metaclass=_OwnMembers):
+    """A ``@cached`` function reads data that is not part of its key (a closure's variables, mutable globals): a
+    result cached while they held one value comes back after they change. Names them; pass them as arguments."""
+
+
+class NotFreedWarning(UserWarning, metaclass=_OwnMembers):
+    """``free()`` was given an array ``memory.array`` did not make: nothing was freed."""

@@ -22,7 +22,7 @@ from . import paths, spill
 from .errors import ArgumentError, CorruptFileError
 from .store import Store, resolve_folder
 from .trust import untrusted
-from .units import fmt_mb
+from .units import fmt_size
 
 STORE_INDEX = "index"  # the journal every store folder has (the theory of operation in ``store/__init__.py``)
 UNLIMITED = 1 << 62  # a disk limit no store reaches: opening a store to count it must never evict
@@ -43,7 +43,7 @@ class SpillFile:
     def __str__(self) -> str:
         state = "alive" if self.alive else "dead"
         owner = "" if self.mine else " (another user's)"
-        return (f"{fmt_mb(self.size_bytes):>10}  {_age(self.age_s):>6}  pid {self.pid} {state}{owner}  "
+        return (f"{fmt_size(self.size_bytes):>10}  {_age(self.age_s):>6}  pid {self.pid} {state}{owner}  "
                 f"{paths.display(self.path)}")
 
 
@@ -63,8 +63,8 @@ class StoreFolder:
     def __str__(self) -> str:
         entries = f"? entries ({self.problem})" if self.entries is None else \
             f"{self.entries} {'entry' if self.entries == 1 else 'entries'}"
-        limit = "limit set when opened" if self.limit_bytes is None else f"limit {fmt_mb(self.limit_bytes)}"
-        return f"{self.name}: {entries}, {fmt_mb(self.bytes_on_ssd)} on the SSD, {limit}  {paths.display(self.path)}"
+        limit = "limit set when opened" if self.limit_bytes is None else f"limit {fmt_size(self.limit_bytes)}"
+        return f"{self.name}: {entries}, {fmt_size(self.bytes_on_ssd)} on the SSD, {limit}  {paths.display(self.path)}"
 
 
 def _age(seconds: float) -> str:

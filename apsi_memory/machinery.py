@@ -28,7 +28,7 @@ from .ledger import Ledger
 from .levels import Components, LevelTracker
 from .measure import MemoryReader, MemoryReading
 from .readings import Budget, Limits, Pressure, limits_from, pressure_from
-from .units import fmt_gb, parse_size
+from .units import fmt_size, parse_size
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
 
@@ -132,7 +132,7 @@ def _warn_above_usable(budget_bytes: int, usable: int) -> None:
     # A warning, not a log line: it is a mistake in the caller's code, shown at the caller's line (of
     # ``memory.budget``: this, Machine.budget, api.budget, the caller), once per line under Python's default
     # filter, and tests or -W error can turn it into an error.
-    warnings.warn(BudgetWarning(f"budget {fmt_gb(budget_bytes)} is more than the {fmt_gb(usable)} usable here; "
+    warnings.warn(BudgetWarning(f"budget {fmt_size(budget_bytes)} is more than the {fmt_size(usable)} usable here; "
                                 "arrays are still placed by what is free"), stacklevel=4)
 
 

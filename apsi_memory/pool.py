@@ -48,7 +48,7 @@ from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shap
 from .decide import Level
 from .errors import PoolError
 from .machinery import machine
-from .units import byte_count, flag, fmt_mb, parse_size
+from .units import byte_count, flag, fmt_size, parse_size
 
 PAGE = mmap.PAGESIZE
 DEFAULT_SHARE_OF_BUDGET = 10  # spares may hold a tenth of the budget
@@ -351,8 +351,8 @@ class Pool:
         return len(self._out)
 
     def __repr__(self) -> str:
-        return (f"<pool: {self.spares} spare buffers ({self.cleared} cleared, {fmt_mb(self.spare_bytes)} of "
-                f"{fmt_mb(self.max_bytes)} allowed), {self.out} out>")
+        return (f"<pool: {self.spares} spare buffers ({self.cleared} cleared, {fmt_size(self.spare_bytes)} of "
+                f"{fmt_size(self.max_bytes)} allowed), {self.out} out>")
 
 
 def pool(max_gb: float | str | None = None) -> Pool:

@@ -14,7 +14,7 @@ from typing import Any
 from .adapters.cgroup import CgroupMemory
 from .decide import Level, pressure_cause, pressure_level
 from .measure import MemoryReading
-from .units import GiB, fmt_gb
+from .units import GiB, fmt_size
 
 
 class Reading:
@@ -46,7 +46,7 @@ class Budget(Reading):
         return self.gb
 
     def __str__(self) -> str:
-        return f"{fmt_gb(self.bytes)} ({self.source})"
+        return f"{fmt_size(self.bytes)} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ class Limits(Reading):
         note = ", group not visible: read at the mount point" if self.group_guessed else ""
         if self.cgroup_problem:
             note = f"; {self.cgroup_problem}"
-        return (f"{fmt_gb(self.usable_bytes)} usable ({self.source}{note}), {fmt_gb(self.free_bytes)} free, "
-                f"budget {fmt_gb(self.budget_bytes)}")
+        return (f"{fmt_size(self.usable_bytes)} usable ({self.source}{note}), {fmt_size(self.free_bytes)} free, "
+                f"budget {fmt_size(self.budget_bytes)}")
 
 
 def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
@@ -136,7 +136,7 @@ class Pressure(Reading):
             full = "n/a" if self.full is None else f"{self.full:.1f} %"
             stalls = f"stalls {self.some:.1f} % (some) / {full} (full)"
         cause = f" — {self.cause}" if self.cause else ""
-        return f"{self.level}: {fmt_gb(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}{cause}"
+        return f"{self.level}: {fmt_size(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}{cause}"
 
 
 def pressure_from(reading: MemoryReading, previous: Level) -> Pressure:

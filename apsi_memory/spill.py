@@ -45,7 +45,7 @@ from .adapters.disk import disk_free
 from .adapters.root import resolve
 from .errors import DiskFullError
 from .fileio import new_file, npy_header, write_all
-from .units import GiB, fmt_gb, fmt_mb
+from .units import fmt_size
 
 _NAME = re.compile(r"apsi-(\d+)-(\d+)-[0-9a-f]+\.npy")
 
@@ -201,14 +201,10 @@ def _reserve(fd: int, total: int) -> None:
         os.ftruncate(fd, total)
 
 
-def _size(n_bytes: int) -> str:
-    return fmt_gb(n_bytes) if n_bytes >= GiB else fmt_mb(n_bytes)
-
-
 def _disk_full(directory: str, needed: int, free: int) -> DiskFullError:
     return DiskFullError(
         errno.ENOSPC,
-        f"no room for a {_size(needed)} spill file in {directory}: {_size(free)} free there "
+        f"no room for a {fmt_size(needed)} spill file in {directory}: {fmt_size(free)} free there "
         f"(free some space, or set APSI_SPILL_DIR to a bigger disk)")
 
 

@@ -13,7 +13,7 @@ from .adapters.procfs import ProcStatus, read_loadavg, read_proc_status
 from .devices import Gpu, gpus
 from .machinery import cores_from, machine
 from .readings import Reading
-from .units import GiB, fmt_gb
+from .units import fmt_size, in_one_unit
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,11 @@ class Status(Reading):
 
     def __str__(self) -> str:
         gpus = ", ".join(str(gpu) for gpu in self.gpus) or "no GPU"
-        return (f"RAM {self.ram_free_bytes / GiB:.1f}/{fmt_gb(self.ram_usable_bytes)} free "
-                f"(this program {self.process_rss_bytes / GiB:.2f} GB, budget {fmt_gb(self.budget_bytes)}) | "
-                f"swap {fmt_gb(self.swap_free_bytes)} | "
-                f"SSD {self.spill_free_bytes / GiB:.0f} GB free at {paths.display(self.spill_dir)} | "
+        free, usable, unit = in_one_unit(self.ram_free_bytes, self.ram_usable_bytes)
+        return (f"RAM {free}/{usable} {unit} free "
+                f"(this program {fmt_size(self.process_rss_bytes)}, budget {fmt_size(self.budget_bytes)}) | "
+                f"swap {fmt_size(self.swap_free_bytes)} | "
+                f"SSD {fmt_size(self.spill_free_bytes, 0)} free at {paths.display(self.spill_dir)} | "
                 f"{self.cores} cores, load {self.load:.2f} | {gpus}")
 
 
@@ -56,8 +57,8 @@ def _load(root: str) -> float:
 
 def status() -> Status:
     """RAM, swap, SSD, cores and GPUs in one reading; ``str()`` is the one line ``apsi-memory status`` prints:
-    ``RAM 3.0/4.0 GB free (this program 0.04 GB, budget 2.1 GB) | swap 0.0 GB | SSD 78 GB free at ~/.apsi/spill |
-    2 cores, load 0.34 | no GPU``."""
+    ``RAM 3.0/4.0 GB free (this program 41.2 MB, budget 2.1 GB) | swap 0 B | SSD 78 GB free at ~/.apsi/spill |
+    2 cores, load 0.34 | no GPU`` (sizes as ``units`` says: binary, in the largest unit each reaches)."""
     m = machine()
     reading, process = m.memory(), read_proc_status(m.root)
     spill = paths.spill_dir()

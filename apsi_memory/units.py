@@ -1,8 +1,11 @@
 """Sizes: parsing what users type and printing what they read. Pure: no I/O.
 
-Text uses binary units, as the SPEC's report line does (6.4e9 bytes prints as ``5.960 GB``): "GB" is 2**30
-bytes and "MB" 2**20. Sizes a user passes in GB (``budget(16)``, ``APSI_RAM_BUDGET=12GB``) mean the same unit,
-so a number read back from ``budget()`` can be passed to it again unchanged.
+The one rule, everywhere (the CLI, ``status()``, ``report()``, ``dask-limit``, errors, the README): units are
+binary and written KB, MB, GB, TB, as the SPEC's report line does (6.4e9 bytes prints as ``5.960 GB``): "KB" is
+2**10 bytes, "MB" 2**20, "GB" 2**30, "TB" 2**40. Sizes a user passes (``budget(16)``, ``APSI_RAM_BUDGET=12GB``,
+``ram_mb=``, ``disk_gb=``) mean the same units ("GiB" is read as "GB"), so a number read back from ``budget()``
+can be passed to it again unchanged. Text shows each size in the largest unit it reaches (``fmt_size``): ``512 B``,
+``1.5 KB``, ``40.0 MB``, never ``0.0 MB``; sizes shown side by side share one unit (``in_one_unit``).
 """
 
 from __future__ import annotations
@@ -103,10 +106,26 @@ def seconds(value: object, name: str) -> float:
     return number
 
 
-def fmt_gb(n_bytes: float, digits: int = 1) -> str:
-    """``5.8 GB`` (binary GB)."""
-    return f"{n_bytes / GiB:.{digits}f} GB"
+_STEPS = ((TiB, "TB"), (GiB, "GB"), (MiB, "MB"), (KiB, "KB"))
 
 
-def fmt_mb(n_bytes: float, digits: int = 1) -> str:
-    return f"{n_bytes / MiB:.{digits}f} MB"
+def _unit(n_bytes: float, digits: int) -> tuple[int, str]:
+    """The largest unit ``n_bytes`` reaches once shown with ``digits`` decimals (1023.99 KB shows as 1.0 MB)."""
+    for unit, name in _STEPS:
+        if float(f"{abs(n_bytes) / unit:.{digits}f}") >= 1:  # as it will be shown, rounding included
+            return unit, name
+    return 1, "B"
+
+
+def fmt_size(n_bytes: float, digits: int = 1) -> str:
+    """``n_bytes`` in the largest unit it reaches, with ``digits`` decimals (bytes have none): ``512 B``,
+    ``1.5 KB``, ``5.8 GB``; ``fmt_size(6.4e9, 3)`` is the SPEC's ``5.960 GB``."""
+    return " ".join(in_one_unit(n_bytes, digits=digits))
+
+
+def in_one_unit(*sizes: float, digits: int = 1) -> tuple[str, ...]:
+    """The sizes as numbers in the unit of the largest, and that unit: ``in_one_unit(3 * GiB, 4 * GiB)`` is
+    ``("3.0", "4.0", "GB")``, for ``3.0/4.0 GB``."""
+    unit, name = _unit(max((abs(size) for size in sizes), default=0), digits)
+    places = 0 if unit == 1 else digits
+    return (*(f"{size / unit:.{places}f}" for size in sizes), name)

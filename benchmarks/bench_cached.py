@@ -1,5 +1,5 @@
 """@memory.cached against joblib.Memory, in one run: the cost of a hit (small arguments; a 1 MiB and a 100 MiB
-array argument) and hashing a 1 GiB array (memory.hashing.array_digest against joblib.hash, which is what joblib.Memory does to
+array argument; a 100 MiB array result, returned and then read whole) and hashing a 1 GiB array (memory.hashing.array_digest against joblib.hash, which is what joblib.Memory does to
 an array argument on every call).
 
     .venv/bin/python -m pytest benchmarks/bench_cached.py --benchmark-only -s
@@ -88,6 +88,28 @@ def test_hit_100mib_array_argument(benchmark: Any, peer: str, environment: Any) 
     f(big)
     benchmark.pedantic(f, args=(big,), rounds=7, iterations=1)
     _record(benchmark, "hit, 100 MiB array argument", peer, 1)
+
+
+def ones(mib: int) -> np.ndarray:
+    return np.ones(mib << 17)  # ``mib`` MiB of float64
+
+
+@pytest.mark.parametrize("peer", ["joblib.Memory", "memory.cached"])
+def test_hit_100mib_array_result(benchmark: Any, peer: str, environment: Any) -> None:
+    """What a hit costs the caller before it touches the result (ours: a writable copy-on-write mapping)."""
+    f = wrap(peer, ones, environment)
+    f(100)
+    benchmark.pedantic(f, args=(100,), rounds=7, iterations=1)
+    _record(benchmark, "hit, 100 MiB array result", peer, 1)
+
+
+@pytest.mark.parametrize("peer", ["joblib.Memory", "memory.cached"])
+def test_hit_100mib_array_result_read(benchmark: Any, peer: str, environment: Any) -> None:
+    """The same hit with the result read whole (``sum``): a fresh mapping pays its page faults here."""
+    f = wrap(peer, ones, environment)
+    f(100)
+    benchmark.pedantic(lambda: float(f(100).sum()), rounds=7, iterations=1)
+    _record(benchmark, "hit + read, 100 MiB result", peer, 1)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -193,12 +194,19 @@ def test_freeing_twice_or_through_a_view_is_harmless(pressure_machine, tmp_path)
     assert spill_files(tmp_path) == [] and str(x.shape) not in str(memory.report())
 
 
-def test_free_refuses_what_is_not_an_array_and_ignores_arrays_it_did_not_make(pressure_machine):
+def test_free_refuses_what_is_not_an_array_and_warns_about_arrays_it_did_not_make(pressure_machine):
+    """Freeing an array of someone else's did nothing, silently (test first failed: no warning)."""
     with pytest.raises(TypeError, match="list"):
         memory.free([1, 2, 3])  # type: ignore[arg-type]
     plain = np.ones(3)
-    memory.free(plain)
+    with pytest.warns(memory.NotFreedWarning, match=r"float64 array of shape \[3\] that memory.array did not make"):
+        memory.free(plain)
     assert plain.flags.writeable and plain.sum() == 3
+    ours = memory.array(3, "float64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memory.free(ours[1:])  # a view of ours, and ours twice: no warning
+        memory.free(ours)
 
 
 def test_a_collected_array_deletes_its_file_and_leaves_the_report(pressure_machine, tmp_path):
@@ -234,8 +242,8 @@ def test_report_lists_each_live_array_as_the_spec_prints_it(pressure_machine):
     in_ram = memory.array((1000, 8), "float32")
     on_ssd = memory.array((20_000_000, 1), "float32")
     lines = [str(r) for r in new_records(before)]
-    assert lines == ["[1000, 8] float32 0.000 GB RAM — under 1 MiB, always in RAM",
-                     (f"[20000000, 1] float32 0.075 GB SSD {on_ssd.filename} "
+    assert lines == ["[1000, 8] float32 31.250 KB RAM — under 1 MB, always in RAM",  # (was "0.000 GB")
+                     (f"[20000000, 1] float32 76.294 MB SSD {on_ssd.filename} "
                      "— 76.3 MB is more than the 64.0 MB left of the budget")]
     first = new_records(before)[0]
     assert (first.shape, first.dtype, first.nbytes, str(first.place), first.path) == \

@@ -12,6 +12,7 @@ import pytest
 
 import sim
 from apsi_memory.cli import main
+from apsi_memory.decide import chunk_bytes, worker_memory_limit
 from sim import tree as machines
 from sim.clock import FakeClock
 from sim.tree import GiB, SimTree
@@ -43,7 +44,7 @@ def test_pressure_watch_prints_one_reading_per_interval(tmp_path: Path, capsys: 
 def test_status_line_on_a_sim_machine(sim_machine: Callable[..., SimTree]) -> None:
     sim_machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
     line = run("status").stdout
-    assert line.startswith("RAM 3.0/4.0 GB free (this program 0.04 GB, budget 2.1 GB) | swap 0.0 GB | SSD ")
+    assert line.startswith("RAM 3.0/4.0 GB free (this program 40.0 MB, budget 2.1 GB) | swap 0 B | SSD ")
     assert line.rstrip().endswith("| 2 cores, load 0.34 | no GPU")
     assert json.loads(run("status", "--json").stdout)["cores"] == 2
 
@@ -62,6 +63,47 @@ def test_bad_arguments_are_rejected() -> None:
     assert run("nonsense").returncode == 2
 
 
+SUBCOMMANDS = ["status", "limits", "pressure", "dask-limit", "spill", "stores", "clean"]
+
+
+def test_every_subcommand_is_listed_and_describes_itself_in_its_help() -> None:
+    """(Test first failed: ``status --help`` showed only its usage and options.)"""
+    listed = run("--help").stdout
+    assert "Sizes are binary: 1 KB = 1024 bytes" in listed
+    for name in SUBCOMMANDS:
+        assert f"\n    {name} " in listed, name
+        description = run(name, "--help").stdout.split("\n\n")[1]
+        assert description[0].isupper() and description.rstrip().endswith("."), (name, description)
+
+
+def error_as_json(result: subprocess.CompletedProcess[str], code: int, kind: str) -> str:
+    """The one JSON object an error under ``--json`` prints on stdout; its message."""
+    assert result.returncode == code and "Traceback" not in result.stderr, result.stderr
+    error = json.loads(result.stdout)
+    assert set(error) == {"error", "type"} and error["type"] == kind
+    return str(error["error"])
+
+
+def test_every_subcommands_errors_are_json_under_json(sim_machine: Callable[..., SimTree]) -> None:
+    """(Test first failed: the errors went to stderr as text, stdout was empty.)"""
+    tree = sim_machine(machines.docker_v1)
+    assert "fewer workers" in error_as_json(run("dask-limit", "--workers", "100000", "--json"), 1, "ArgumentError")
+    assert "not 'a/b'" in error_as_json(run("clean", "--store", "a/b", "--json"), 1, "ArgumentError")
+    for name in SUBCOMMANDS:
+        assert "unrecognized arguments: --bogus" in error_as_json(run(name, "--json", "--bogus"), 2, "UsageError")
+    tree.write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "garbage\n")
+    for name in ("status", "limits", "pressure", "dask-limit"):
+        assert "expected a byte count, got 'garbage'" in error_as_json(run(name, "--json"), 1, "CorruptFileError")
+
+
+def test_dask_limit_shows_its_sizes_in_the_one_convention(sim_machine: Callable[..., SimTree]) -> None:
+    sim_machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
+    limit = worker_memory_limit(4 * GiB, 2)
+    assert run("dask-limit", "--workers", "2").stdout == (  # (test first failed: "1.88 GiB", "128 MiB")
+        f"--memory-limit {limit} per worker ({limit / GiB:.2f} GB, 2 workers sharing 4.0 GB), chunks of "
+        f"{chunk_bytes(limit) >> 20} MB\n")
+
+
 # `apsi-memory pressure --watch SECONDS` as ``python -m apsi_memory`` runs it, but on an autojump FakeClock over the
 # APSI_FS_ROOT tree: it prints readings as fast as the pipe takes them, forever, so it is writing when the reader
 # leaves whatever the timing (no real interval to outlast the reader, no sleep).
@@ -69,6 +111,7 @@ WATCH_ON_A_FAKE_CLOCK = """
 import os, sys
 import sim
 from apsi_memory.cli import main
+from apsi_memory.decide import chunk_bytes, worker_memory_limit
 from sim.clock import FakeClock
 with sim.machine(os.environ["APSI_FS_ROOT"], FakeClock(autojump=True)).use():
     sys.exit(main(["pressure", "--watch", "30"]))

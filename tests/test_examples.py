@@ -39,7 +39,7 @@ def test_the_feature_pipeline_spills_its_output_and_keeps_its_statistics(tmp_pat
     first = run("feature_pipeline.py", "--rows", "200000", "--budget-mb", "4", cwd=tmp_path)
     assert "column statistics: one pass over the file" in first.stdout
     assert "standardised 200,000 rows x 16 columns" in first.stdout
-    assert re.search(r"\[200000, 16\] float32 0\.012 GB SSD \S+\.npy — 12\.2 MB is more than the 4\.0 MB left",
+    assert re.search(r"\[200000, 16\] float32 12\.207 MB SSD \S+\.npy — 12\.2 MB is more than the 4\.0 MB left",
                      first.stdout)
     means = float(re.findall(r"column means after: ([\d.]+) at most", first.stdout)[0])
     assert means < 0.05

@@ -18,7 +18,7 @@ from sim.pressure import PressureMachine
     (6 * GiB, int(1.2 * GiB), 4 * GiB, Level.OK, "6.0 GB is more than the 1.2 GB left of the budget"),
     (64 * MiB, 32 * MiB, 48 * MiB, Level.MODERATE, "64.0 MB is more than the 32.0 MB left of the budget"),
     (2 * MiB, 4 * GiB, 4 * GiB, Level.HIGH, "pressure high"),
-    (1000, 0, 0, Level.CRITICAL, "under 1 MiB, always in RAM"),
+    (1000, 0, 0, Level.CRITICAL, "under 1 MB, always in RAM"),
 ])
 def test_the_reason_matches_the_decision(nbytes: int, left: int, budget: int, level: Level, why: str) -> None:
     assert place_reason(nbytes, left, budget, level) == why
@@ -43,7 +43,7 @@ def test_report_says_why_each_array_is_where_it_is(pressure_machine: PressureMac
     assert reasons == ["RAM: fits the budget (64.0 of 64.0 MB left)",
                        "SSD: 80.0 MB is more than the 60.0 MB left of the budget",
                        "SSD: pressure high"]
-    assert str(new(before)[1]) == (f"[80, 1048576] uint8 0.078 GB SSD {too_big.filename} "
+    assert str(new(before)[1]) == (f"[80, 1048576] uint8 80.000 MB SSD {too_big.filename} "
                                    "— 80.0 MB is more than the 60.0 MB left of the budget")
     for x in (in_ram, too_big, small_but_high):
         memory.free(x)

@@ -22,7 +22,7 @@ def test_service_without_memory_controller_keeps_the_slices_limit(sim_machine: B
     assert (limits.usable_bytes, limits.free_bytes) == (1 * GiB, 768 * MiB)
     assert limits.source == "container (cgroup v2)" and limits.cgroup == "/batch.slice/job.service"
     assert limits.limit_file == "/sys/fs/cgroup/batch.slice/memory.max"
-    assert str(limits).startswith("1.0 GB usable (container (cgroup v2)), 0.8 GB free")
+    assert str(limits).startswith("1.0 GB usable (container (cgroup v2)), 768.0 MB free")
 
 
 def test_v1_group_without_usage_file_keeps_its_limit_and_uses_the_parents_charge(sim_machine: BuildMachine) -> None:

@@ -36,6 +36,10 @@ same batches, before anything that needs its order (iteration, eviction, compact
 *RAM tier*: values last used, least recently used out first, within ``ram_mb``: a pickle's bytes (unpickled on
 every get, so callers never share a mutable object), a small array's read-only copy, and a big array as the
 read-only mapping of its file (the page cache's copy, not a second one: a ``set`` writes the file, then maps it).
+What a ``get`` hands out is the caller's own, as ``np.load``'s result is: a pickle unpickled afresh, a small array
+copied, a big one mapped again from its file copy-on-write (``MAP_PRIVATE``: no copy until the caller writes a page,
+and what it writes never reaches the file or another reader). ``get(key, writable=False)`` hands out the tier's own
+read-only array instead, for many readers of one big array.
 
 *Checkpoint*: once 4096 records (and 1/8 of the entries) were appended since the last one, or at ``close`` after
 4096, a writer saves the index (``checkpoint.py``: signed with keyed BLAKE3, bound to the journal file, its epoch
@@ -84,9 +88,10 @@ from ..paths import display, private_dir, store_dir
 from ..units import GiB, MiB
 from .folders import allow_write, resolve_folder
 from .keys import Key, decode_key, encode_key
+from .stats import CacheStats
 from .store import Store
 
-__all__ = ["DEFAULT_DISK_GB", "DEFAULT_RAM_MB", "Key", "Store", "allow_write", "decode_key", "encode_key",
+__all__ = ["DEFAULT_DISK_GB", "DEFAULT_RAM_MB", "CacheStats", "Key", "Store", "allow_write", "decode_key", "encode_key",
            "resolve_folder", "store"]
 
 DEFAULT_RAM_MB = 256.0
@@ -105,9 +110,10 @@ def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
     ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys; a subclass is its value: ``IntEnum.RED`` is
     ``1``).
 
-    A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); a path must be allowed first with
+    A plain name lives under ``~/.apsi/store`` (``APSI_STORE_DIR``); an absolute path must be allowed first with
     ``memory.allow_write(path)`` or ``APSI_ALLOW_WRITE``, otherwise a ``UnsafePathError`` (a ``PermissionError``)
-    says how. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
+    says how; a relative path (``"a/b"``) is refused (``ArgumentError``), as it would depend on the working folder.
+    ``with memory.store(...) as s:`` closes it at the end; ``s.stats()`` counts hits, misses and evictions. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
     user could write is refused with an ``UnsafePathError`` naming the fix.
     """
     ram_bytes = _size_bytes(ram_mb, MiB, "ram_mb")

@@ -50,6 +50,7 @@ class _Held(NamedTuple):
     kind: int
     nbytes: int
     name: str  # the SSD file it mirrors: a different name in the index means another process replaced it
+    file: tuple[int, int] | None = None  # a mapped array's file (device, inode): what a caller's private map must be
 
 
 class _Blob(NamedTuple):
@@ -169,8 +170,8 @@ def _header_length(prefix: bytes | memoryview) -> int:
     return 12 + int.from_bytes(prefix[8:12], "little")
 
 
-def load_mapped(seal: Seal, key: bytes, fd: int, entry: Entry) -> tuple[np.ndarray, _Held]:
-    """The memory-mapped array in the open file ``fd`` (the caller closes it)."""
+def load_mapped(seal: Seal, key: bytes, fd: int, entry: Entry) -> _Held:
+    """The memory-mapped array in the open file ``fd``, as the RAM tier keeps it (the caller closes ``fd``)."""
     size = os.fstat(fd).st_size
     if size != entry.size or size < SIGNATURE_BYTES:
         raise _Tampered(f"{size} bytes, expected {entry.size}")
@@ -182,12 +183,27 @@ def load_mapped(seal: Seal, key: bytes, fd: int, entry: Entry) -> tuple[np.ndarr
     dtype, shape = _parse_npy_header(header)
     if header_len + dtype.itemsize * int(np.prod(shape)) + SIGNATURE_BYTES != size:
         raise _Tampered("length does not match its header")
-    array = map_array(fd, size, header)
-    return array, _Held(array, entry.kind, array.nbytes, entry.name)
+    return held_mapping(fd, size, header, entry.name)
 
 
-def map_array(fd: int, size: int, header: bytes) -> np.ndarray:
-    """The array of the ``.npy`` file ``fd`` (``size`` bytes, starting with ``header``), mapped read-only."""
+def held_mapping(fd: int, size: int, header: bytes, name: str) -> _Held:
+    """What the RAM tier keeps of the ``.npy`` file ``fd`` (``size`` bytes, starting with ``header``): its array
+    mapped read-only (shared with the page cache), and the file's identity for the private maps handed out."""
     dtype, shape = _parse_npy_header(header)
     mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    return np.ndarray(shape, dtype=dtype, buffer=mapping, offset=len(header))  # read-only: the mapping is
+    array = np.ndarray(shape, dtype=dtype, buffer=mapping, offset=len(header))  # read-only: the mapping is
+    stat = os.fstat(fd)
+    return _Held(array, KIND_NPY_MAP, array.nbytes, name, (stat.st_dev, stat.st_ino))
+
+
+def private_map(held: _Held, fd: int) -> np.ndarray | None:
+    """``held``'s mapped array again, mapped copy-on-write from ``fd``, its file: writable, and what the caller
+    writes stays in its own pages (the file, and every other reader's array, never change). ``None`` when ``fd``
+    is not the file ``held`` maps (replaced or truncated since)."""
+    stat = os.fstat(fd)
+    array: np.ndarray = held.value
+    offset = stat.st_size - SIGNATURE_BYTES - array.nbytes  # the header's length: the data follows it
+    if (stat.st_dev, stat.st_ino) != held.file or offset < 0:
+        return None
+    mapping = mmap.mmap(fd, stat.st_size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return np.ndarray(array.shape, dtype=array.dtype, buffer=mapping, offset=offset)

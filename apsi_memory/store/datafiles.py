@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import DiskFullError
 from ..fileio import new_file, unlink_quietly, writev_all
-from .codec import Seal, _Held, _Tampered, decode, load_mapped, map_array
+from .codec import Seal, _Held, _Tampered, decode, held_mapping, load_mapped, private_map
 from .keys import KIND_NPY_MAP, is_data_name
 from .records import Entry
 
@@ -24,15 +24,11 @@ ORPHAN_AGE_S = 60.0
 
 def load(seal: Seal, key: bytes, entry: Entry, data_fd: int) -> tuple[Any, _Held]:
     """The value of a file entry and what the RAM tier keeps; a big array comes back memory-mapped."""
-    try:
-        fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise _Tampered("a symbolic link in place of the file") from err
-        raise
+    fd = _open(entry.name, data_fd)
     try:
         if entry.kind == KIND_NPY_MAP:
-            return load_mapped(seal, key, fd, entry)
+            held = load_mapped(seal, key, fd, entry)
+            return held.value, held
         with os.fdopen(fd, "rb", closefd=False) as f:
             content = f.read()
     finally:
@@ -40,15 +36,46 @@ def load(seal: Seal, key: bytes, entry: Entry, data_fd: int) -> tuple[Any, _Held
     return decode(seal, key, content, entry)
 
 
+def _open(name: str, data_fd: int) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _Tampered("a symbolic link in place of the file") from err
+        raise
+
+
+def writable(held: _Held, data_fd: int) -> np.ndarray:
+    """A writable array of ``held``'s (a mapped or small array the RAM tier keeps) that the store's copy never
+    sees written: a copy-on-write map of a mapped array's file (no copy until a page is written), else a copy. A
+    file removed or replaced since (another process evicted it) gives a copy of the mapping still held."""
+    if held.file is not None:
+        try:
+            fd = _open(held.name, data_fd)
+        except (OSError, _Tampered):
+            pass
+        else:
+            try:
+                mapped = private_map(held, fd)
+            except OSError:
+                mapped = None
+            finally:
+                os.close(fd)
+            if mapped is not None:
+                return mapped
+    copy: np.ndarray = held.value.copy()
+    return copy
+
+
 def write_mapped(name: str, data_fd: int, parts: tuple[bytes | memoryview, ...], size: int,
-                 full: Callable[[], DiskFullError]) -> np.ndarray | None:
+                 full: Callable[[], DiskFullError]) -> _Held | None:
     """Write a new ``.npy`` file of ``size`` bytes (header first, signature last) and return its array mapped from
-    it, for the RAM tier: the page cache's copy, not a second one. ``None`` if it cannot be mapped (the file is
-    written all the same); on a failed write nothing is left behind."""
+    it, as the RAM tier keeps it: the page cache's copy, not a second one. ``None`` if it cannot be mapped (the
+    file is written all the same); on a failed write nothing is left behind."""
     with new_file(name, full, data_fd, os.O_RDWR) as fd:
         writev_all(fd, parts)
     try:
-        return map_array(fd, size, bytes(parts[0]))
+        return held_mapping(fd, size, bytes(parts[0]), name)
     except OSError:
         return None
     finally:

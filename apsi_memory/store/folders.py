@@ -50,14 +50,22 @@ def roots_from_env() -> list[str]:
 
 
 def resolve_folder(name_or_path: str | os.PathLike[str]) -> str:
-    """A plain name is a folder under ``store_dir()``; anything with a path separator (or ``~``, ``.``) is a
-    path the caller chose, allowed only under ``allow_write``/``APSI_ALLOW_WRITE`` roots."""
+    """A plain name is a folder under ``store_dir()``; an absolute path (or one from ``~``) is a path the caller
+    chose, allowed only under ``allow_write``/``APSI_ALLOW_WRITE`` roots. Anything else (``"a/b"``, ``"./x"``,
+    ``".x"``) is refused: it would name another store from every working folder, so the same program would miss its
+    cache, or write one where it was started, depending on where that was. Refused rather than read as a sub-store
+    of the store folder: nothing there lists or cleans nested stores, and a refusal can be given a meaning later."""
     text = os.fspath(name_or_path)
     if not text or text in (".", ".."):
         raise ArgumentError(f"store name {text!r} is empty or not a name; use e.g. 'embeddings'")
     if os.sep not in text and not text.startswith(("~", ".")) and (os.altsep is None or os.altsep not in text):
         return os.path.join(store_dir(), text)
-    return allowed_folder(text)
+    expanded = os.path.expanduser(text)
+    if not os.path.isabs(expanded):
+        raise ArgumentError(f"store {text!r} is a relative path, which would mean another store in every working "
+                            f"folder; give a plain name (a store under {display(store_dir())}) or an absolute path "
+                            f"(os.path.abspath({text!r}) for the working folder's)")
+    return allowed_folder(expanded)
 
 
 def allowed_folder(path: str) -> str:

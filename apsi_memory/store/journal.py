@@ -27,7 +27,7 @@ from ..errors import CorruptFileError, DiskFullError, TamperWarning
 from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
 from ..paths import display
 from ..trust import open_file
-from ..units import MiB, fmt_mb
+from ..units import MiB, fmt_size
 from . import checkpoint
 from .records import (
     OP_LOST,
@@ -64,8 +64,8 @@ Saved = tuple[bytes, Callable[[], Index]]  # what a checkpoint is made of: the s
 
 def disk_full(folder: str, needed: int) -> DiskFullError:
     free = shutil.disk_usage(folder).free
-    return DiskFullError(errno.ENOSPC, f"no space left in {display(folder)} for a {fmt_mb(needed)} store entry "
-                                       f"({fmt_mb(free)} free); the store is unchanged")
+    return DiskFullError(errno.ENOSPC, f"no space left in {display(folder)} for a {fmt_size(needed)} store entry "
+                                       f"({fmt_size(free)} free); the store is unchanged")
 
 
 class _Journal:

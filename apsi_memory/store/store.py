@@ -26,13 +26,14 @@ from ..fileio import write_new
 from ..machinery import machine
 from ..signing import user_key
 from ..trust import open_folder
-from ..units import MiB, fmt_mb
+from ..units import MiB, fmt_size
 from . import checkpoint, datafiles, forks
 from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
 from .folders import allowed_folder
 from .journal import _Journal, close_files, disk_full
 from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, OldKey, decode_key, encode_key, new_stem, shown_key
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
+from .stats import CacheStats, Counts
 from .tiers import _Index, _RamTier
 
 # Reads are remembered in memory and written to the journal in batches (with the next write, or at this many).
@@ -58,7 +59,8 @@ def _bytes_limit(value: object, what: str) -> int:
 class Store:
     """A two-tier cache in ``folder``, a mapping from keys to values. Use ``memory.store(name_or_path, ram_mb=...,
     disk_gb=...)``. Keys are ``str``, ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys); values
-    are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable."""
+    are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable. An array read back is writable and
+    the caller's own (``get``)."""
 
     def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
@@ -88,6 +90,8 @@ class Store:
         self._closed = False
         self._old_seen = False  # an entry signed the old way was met (warned once per handle)
         self._settled = 0  # how many of the journal's pending reads the index has applied (``_settle_reads``)
+        self._counts = Counts()
+        self._key_counts: weakref.WeakSet[Counts] = weakref.WeakSet()  # a @cached function's, of its keys only
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
         self._closer = weakref.finalize(self, close_files, self._journal, (self._data_fd, self._dir_fd), False)
@@ -111,7 +115,12 @@ class Store:
 
     # -- reading --
 
-    def get(self, key: Key, default: Any = None) -> Any:
+    def get(self, key: Key, default: Any = None, *, writable: bool = True) -> Any:
+        """The value of ``key``, or ``default``. Every call returns a value of its own, as ``np.load`` would: a
+        pickled value is unpickled afresh, and an array is writable without the stored one ever changing: a copy
+        of a small array, a copy-on-write map of a big one's file (pages are copied only as they are written).
+        ``writable=False`` returns the store's own read-only array instead (no copy and no new mapping: the way to
+        share one big array between many readers)."""
         if self._closed:
             self._check_open()
         encoded = encode_key(key)
@@ -121,23 +130,25 @@ class Store:
             values = self._ram.values
             held = values.get(encoded)
             if held is None:
-                return self._get_from_disk(encoded, default)
+                return self._get_from_disk(encoded, default, writable)
             values.move_to_end(encoded)
+            self._counts.hits += 1
             reads = self._journal.pending_touches  # ``_read``, unrolled: the hot path of a RAM hit
             reads.append(encoded)
             if len(reads) >= TOUCH_BATCH:
                 self.flush()
             if held.kind != KIND_PICKLE:
-                return held.value
+                return datafiles.writable(held, self._data_fd) if writable else held.value
             try:
                 return pickle.loads(held.value)
             except Exception:  # noqa: BLE001 - cannot be loaded here: the SSD tier's answer, from the same bytes
                 self._ram.drop(encoded)
-                return self._get_from_disk(encoded, default)
+                return self._get_from_disk(encoded, default, writable)
 
-    def _get_from_disk(self, key: bytes, default: Any, second_look: bool = False) -> Any:
+    def _get_from_disk(self, key: bytes, default: Any, writable: bool, second_look: bool = False) -> Any:
         entry = self._index.get(key)
         if entry is None:
+            self._counts.misses += 1
             return default
         try:
             if entry.offset >= 0:  # inline: in the journal
@@ -146,13 +157,17 @@ class Store:
                 value, held = datafiles.load(self._seal, key, entry, self._data_fd)
         except (FileNotFoundError, _Tampered, Unloadable) as err:
             self._catch_up()
-            if self._index.get(key) != entry:  # replaced, removed or compacted away meanwhile: not damage
-                return default if second_look else self._get_from_disk(key, default, True)
-            self._unreadable(key, entry, err)
+            now = self._index.get(key)
+            if now != entry and not second_look:  # replaced, removed or compacted away meanwhile: not damage
+                return self._get_from_disk(key, default, writable, True)
+            if now == entry:
+                self._unreadable(key, entry, err)
+            self._counts.misses += 1
             return default
+        self._counts.hits += 1
         self._ram.put(key, held)
         self._read(key)
-        return value
+        return datafiles.writable(held, self._data_fd) if writable and held.kind != KIND_PICKLE else value
 
     def _read(self, key: bytes) -> None:
         """Remember a read: its recency reaches the index and the journal in batches (``_settle_reads``)."""
@@ -272,14 +287,15 @@ class Store:
         stem = new_stem()
         blob = to_blob(self._seal, encoded, stem, value, self._ram.limit)
         if blob.size > self.disk_limit:
-            raise SizeError(f"a {fmt_mb(blob.size)} value does not fit this store's SSD tier "
-                            f"({fmt_mb(self.disk_limit)}); nothing was stored")
+            raise SizeError(f"a {fmt_size(blob.size)} value does not fit this store's SSD tier "
+                            f"({fmt_size(self.disk_limit)}); nothing was stored")
         inline = blob.kind != KIND_NPY_MAP and blob.size <= INLINE_MAX_BYTES
         if inline:
-            entry, inline_value, ram_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts), blob.ram_value
+            entry, inline_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts)
+            held = None if blob.ram_value is None else _Held(blob.ram_value, blob.kind, blob.ram_nbytes, stem)
         else:  # written outside the lock: nobody sees it before its record
             entry, inline_value = Entry(stem + EXT[blob.kind], blob.kind, blob.size), b""
-            ram_value = self._write_file(entry, blob)
+            held = self._write_file(entry, blob)
         with self._lock, self._journal:
             try:
                 self._catch_up()
@@ -290,23 +306,23 @@ class Store:
                 raise
             if inline:
                 entry = Entry(stem, blob.kind, blob.size, end - blob.size)
-            self._committed(encoded, entry, ram_value, blob.ram_nbytes)
+            self._committed(encoded, entry, held)
 
-    def _write_file(self, entry: Entry, blob: _Blob) -> Any:
+    def _write_file(self, entry: Entry, blob: _Blob) -> _Held | None:
         """A value's own file, and what the RAM tier keeps of it: a big array mapped from that file, if it fits."""
         def full() -> DiskFullError:
             return disk_full(self._data, blob.size)
         if entry.kind == KIND_NPY_MAP and blob.ram_nbytes <= self._ram.limit:
             return datafiles.write_mapped(entry.name, self._data_fd, blob.parts, blob.size, full)
         write_new(entry.name, self._data_fd, blob.parts, full)
-        return blob.ram_value
+        return None if blob.ram_value is None else _Held(blob.ram_value, entry.kind, blob.ram_nbytes, entry.name)
 
-    def _committed(self, key: bytes, entry: Entry, ram_value: Any, ram_nbytes: int) -> None:
+    def _committed(self, key: bytes, entry: Entry, held: _Held | None) -> None:
         """Under both locks, after the SET record is in: index it, then make room. Files no record names any more
         go before the lock is released, so the disk never holds more than the limit and the values in flight."""
         old = self._index.put(key, entry)
-        if ram_value is not None:
-            self._ram.put(key, _Held(ram_value, entry.kind, ram_nbytes, entry.name))
+        if held is not None:
+            self._ram.put(key, held)
         else:
             self._ram.drop(key)
         if old is not None:
@@ -340,7 +356,10 @@ class Store:
         self._settle_reads()
         victims = index.evict_to(max(0, self.disk_limit - records - journal.checkpoint_room() - room), keep)
         if victims:
-            for key, _ in victims:
+            keys = [key for key, _ in victims]
+            for counts in (self._counts, *self._key_counts):
+                counts.evicted(keys)
+            for key in keys:
                 self._ram.drop(key)
             try:
                 self._append([Record(OP_DEL, key) for key, _ in victims])
@@ -477,6 +496,12 @@ class Store:
                 close_files(self._journal, (self._data_fd, self._dir_fd), True,
                             (self._seal.store_key, self._index.snapshot))
 
+    def __enter__(self) -> Store:  # noqa: PYI034 - typing.Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     # -- pressure --
 
     def on_level(self, level: Level) -> None:
@@ -491,6 +516,14 @@ class Store:
             self._ram.clear()
 
     # -- reports --
+
+    def stats(self) -> CacheStats:
+        """Hits, misses and evictions of this handle, in this process (``CacheStats``)."""
+        return self._counts.snapshot()
+
+    def count_keys(self, counts: Counts) -> None:
+        """Count evictions of the keys starting with ``counts.prefix`` in ``counts`` too (as long as it lives)."""
+        self._key_counts.add(counts)
 
     @property
     def ram_bytes(self) -> int:
@@ -508,7 +541,7 @@ class Store:
             return f"<store {self.label}: closed>"
         with self._lock:
             self._catch_up()
-            return (f"<store {self.label}: {len(self._ram.values)} in RAM ({fmt_mb(self._ram.total)}), "
-                    f"{len(self._index)} on SSD ({fmt_mb(self._index.total)})>")
+            return (f"<store {self.label}: {len(self._ram.values)} in RAM ({fmt_size(self._ram.total)}), "
+                    f"{len(self._index)} on SSD ({fmt_size(self._index.total)})>")
 
     __repr__ = __str__
