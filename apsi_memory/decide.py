@@ -158,6 +158,20 @@ def pressure_cause(level: Level, free_fraction: float, some: float | None = None
     return " and ".join(_stays(row, free_fraction, some_pct, full_pct)) + " (held)"
 
 
+
+# Stalls read host-wide (``/proc/pressure/memory``: v1 hosts, hybrid hosts without the group's own file) are every
+# group's stalls at once: a thrashing group elsewhere shows there too. A group with its own limit and no stall file
+# of its own counts them only when the host itself is short of memory (free at or below moderate's threshold):
+# then the stalls may well be its own, and the whole host's memory is at stake.
+HOST_SHORT_FREE = 0.30
+
+
+def host_stalls_count(host_wide: bool, group_limited: bool, host_free_fraction: float) -> bool:
+    """Whether PSI stalls count toward the level: always when they are the group's own (or there is no group
+    limit: the host is what there is); host-wide stalls under a group limit only when the host's free fraction is
+    at or below ``HOST_SHORT_FREE``."""
+    return not (host_wide and group_limited) or host_free_fraction <= HOST_SHORT_FREE
+
 # -- budget ------------------------------------------------------------------------------------------------------
 
 DEFAULT_BUDGET_SHARE = 0.70
@@ -379,3 +393,27 @@ def chunk_bytes(limit_bytes: int, nthreads: int = 1) -> int:
     while size * 2 <= room:
         size *= 2
     return size
+
+
+# A worker paused for its own memory (RSS at the pause fraction of its limit) resumes once RSS is this much under
+# it: the 10 points are hysteresis, so a worker hovering at the fraction does not flip every check.
+DASK_RESUME_GAP = 0.10
+
+
+def worker_pause_cause(level: Level, rss: int, limit: int, paused: bool, pause_level: Level = Level.HIGH,
+                       pause_fraction: float = DASK_PAUSE_FRACTION) -> str | None:
+    """Why a dask worker should be paused (or stay paused), in words; None when it should run.
+
+    Paused at ``pause_level`` or above, and while its RSS is at ``pause_fraction`` of its ``limit`` (0: no limit)
+    or more; a paused worker runs again once the level is under ``pause_level`` (the level table's own hysteresis:
+    ``high`` is left above 25 % free, which a cluster whose workers are all paused can reach once they have spilled)
+    and its RSS is ``DASK_RESUME_GAP`` under the fraction. Never "back at ok": memory held outside the workers (a
+    client's array at 70 % of the group) would keep them paused for good."""
+    if level >= pause_level:
+        return f"pressure {level}"
+    share = rss / limit if limit else 0.0
+    if share >= pause_fraction:
+        return f"worker memory {share:.0%} of its limit (pauses at {pause_fraction:.0%})"
+    if paused and share >= pause_fraction - DASK_RESUME_GAP:
+        return f"worker memory {share:.0%} of its limit (resumes under {pause_fraction - DASK_RESUME_GAP:.0%})"
+    return None

@@ -137,6 +137,40 @@ def test_plugin_pauses_spills_and_resumes_as_the_scheduler_sees_it(client: Any, 
     assert float(held.sum().compute()) == (8 * MiB - 1) * 8 * MiB / 2  # spilled data still reads back
 
 
+class _Worker:
+    """What ``PressurePlugin.check`` reads of a worker: status, RSS, limit, events (no SpillBuffer: nothing spills)."""
+
+    def __init__(self, rss: int, limit: int) -> None:
+        from distributed.core import Status
+
+        self.status, self.address, self.data, self.events = Status.running, "tcp://sim:1", {}, []
+        self.monitor = type("Monitor", (), {"get_process_memory": staticmethod(lambda: rss)})()
+        self.memory_manager = type("MemoryManager", (), {"memory_limit": limit})()
+
+    def log_event(self, topic: str, event: dict[str, Any]) -> None:
+        self.events.append(event["action"])
+
+
+def test_a_worker_paused_at_high_resumes_while_the_client_holds_the_group_at_moderate(
+        pressure_machine: PressureMachine, caplog: pytest.LogCaptureFixture) -> None:
+    """The deadlock: a 1 GiB group held at 67 % by the client (33 % free: moderate, never ok) kept both workers
+    paused for good once a spike had paused them. They resume under high, and say why on each change."""
+    worker = _Worker(rss=64 * MiB, limit=384 * MiB)
+    plugin = amd.PressurePlugin()
+    plugin.worker = worker
+    with caplog.at_level("WARNING", logger="apsi_memory.dask"):
+        pressure_machine.at(Level.HIGH)
+        plugin.check()
+        assert str(worker.status) == "Status.paused"
+        pressure_machine.set_usage(int(pressure_machine.limit * 0.67))
+        plugin.check()
+    assert memory.current_level() == Level.MODERATE
+    assert str(worker.status) == "Status.running" and worker.events.count("resume") == 1
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "worker tcp://sim:1 paused: pressure high",
+        "worker tcp://sim:1 resumed: pressure moderate, worker memory 17% of its limit"]
+
+
 def test_memory_limit_plugin_restarts_running_workers_with_the_new_limit(client: Any) -> None:
     client.register_plugin(amd.MemoryLimitPlugin(4))
     try:

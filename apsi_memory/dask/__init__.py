@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
                             "(in a checkout: pip install '.[dask]')") from exc
 
 from .. import decide
-from ..decide import DASK_PAUSE_FRACTION, Level, chunk_bytes, ram_tier_limit
+from ..decide import DASK_PAUSE_FRACTION, Level, chunk_bytes, ram_tier_limit, worker_pause_cause
 from ..machinery import machine
 from ..watch import relieve
 from .blocks import map_on_cluster, to_dask
@@ -131,8 +131,10 @@ class PressurePlugin(WorkerPlugin):
     """Every ``every`` seconds: pause the worker when the pressure level reaches ``level`` or its RSS reaches
     ``pause`` × its limit; at ``high`` spill half of what its ``SpillBuffer`` holds in RAM (all of it at
     ``critical``, via the public ``evict()``); at ``critical`` also ``memory.relieve()``; resume once the level is
-    back at ``ok`` and RSS is under the pause fraction. Each change is logged with ``worker.log_event`` under the
-    topic ``apsi-pressure``."""
+    under ``level`` again (its own hysteresis) and RSS 10 points under the pause fraction
+    (``decide.worker_pause_cause``: never "back at ok", which memory held outside the workers can keep from them).
+    Each change is logged with ``worker.log_event`` under the topic ``apsi-pressure``, and each pause and resume
+    as a WARNING (``apsi_memory.dask``) naming its cause."""
 
     name = "apsi-pressure"
     topic = "apsi-pressure"
@@ -160,8 +162,7 @@ class PressurePlugin(WorkerPlugin):
     def check(self) -> None:
         level = machine().pressure().level
         rss = int(self.worker.monitor.get_process_memory())
-        limit = self.worker.memory_manager.memory_limit
-        over = bool(limit) and rss >= self.pause * limit
+        limit = self.worker.memory_manager.memory_limit or 0
         if level != self.seen:
             self._log("level", level, rss)
             self.seen = level
@@ -170,14 +171,18 @@ class PressurePlugin(WorkerPlugin):
         if level >= Level.CRITICAL:
             relieve()
             self._log("relieve", level, rss)
-        if (level >= self.level or over) and self.worker.status == Status.running:
+        cause = worker_pause_cause(level, rss, limit, self.paused_here, self.level, self.pause)
+        if cause and self.worker.status == Status.running:
             self.worker.status = Status.paused
             self.paused_here = True
             self._log("pause", level, rss)
-        elif self.paused_here and level == Level.OK and not over and self.worker.status == Status.paused:
+            logger.warning("apsi_memory: worker %s paused: %s", self.worker.address, cause)
+        elif self.paused_here and not cause and self.worker.status == Status.paused:
             self.worker.status = Status.running
             self.paused_here = False
             self._log("resume", level, rss)
+            logger.warning("apsi_memory: worker %s resumed: pressure %s, worker memory %s of its limit",
+                           self.worker.address, level, f"{rss / limit:.0%}" if limit else "unlimited")
 
     def _spill(self, level: Level, rss: int) -> None:
         data = self.worker.data
