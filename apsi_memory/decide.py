@@ -357,6 +357,9 @@ def free_memory(host_available: int, group_free: int | None, usable: int) -> int
 # the nannies (all in the process that starts a LocalCluster: 60 MiB measured idle with 2 workers; the scheduler's
 # task state grows with the graph) and multiprocessing's resource tracker (12 MiB). Rounded up, with room to grow.
 DASK_OUTSIDE_WORKERS_BYTES = 256 * (1 << 20)
+# Where only workers run (``dask worker`` in a pod, no client, no scheduler): each ``dask worker`` process's own
+# interpreter with its nannies (60 MiB measured with 2), rounded up.
+DASK_WORKER_PROCESS_BYTES = 96 * (1 << 20)
 # A worker process's own interpreter with numpy and distributed imported (62 MiB measured), rounded up: a limit
 # below this leaves no room for any data.
 DASK_WORKER_BASE_BYTES = 128 * (1 << 20)
@@ -369,13 +372,15 @@ CHUNKS_PER_TASK = 3
 MIN_CHUNK_BYTES = 1 << 20
 
 
-def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1) -> int:
+def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1,
+                        outside_bytes: int = DASK_OUTSIDE_WORKERS_BYTES) -> int:
     """Bytes per dask worker: the usable memory (the smallest limit up the cgroup hierarchy, ``memory.high``
-    included, or the host's) less ``DASK_OUTSIDE_WORKERS_BYTES``, shared equally by ``n_workers``. Raises
+    included, or the host's) less ``outside_bytes`` (what runs there besides the workers:
+    ``DASK_OUTSIDE_WORKERS_BYTES`` for client, scheduler and nannies), shared equally by ``n_workers``. Raises
     ``ArgumentError`` (a ``ValueError``) when that share cannot hold a worker's interpreter plus one 1 MiB chunk per thread."""
     if n_workers < 1 or nthreads < 1:
         raise ArgumentError(f"a dask deployment needs at least 1 worker and 1 thread, not {n_workers} and {nthreads}")
-    share = (usable_bytes - DASK_OUTSIDE_WORKERS_BYTES) // n_workers
+    share = (usable_bytes - outside_bytes) // n_workers
     needed = DASK_WORKER_BASE_BYTES + nthreads * CHUNKS_PER_TASK * MIN_CHUNK_BYTES
     if share < needed:
         raise ArgumentError(f"{usable_bytes >> 20} MiB usable cannot hold {n_workers} dask workers of {nthreads} "
@@ -417,3 +422,21 @@ def worker_pause_cause(level: Level, rss: int, limit: int, paused: bool, pause_l
     if paused and share >= pause_fraction - DASK_RESUME_GAP:
         return f"worker memory {share:.0%} of its limit (resumes under {pause_fraction - DASK_RESUME_GAP:.0%})"
     return None
+
+
+# p2p rechunks and shuffles hold, on each worker and outside its spillable data, up to ``distributed.p2p.comm.buffer``
+# of outgoing shards (1 GiB by default: more than a whole 384 MiB worker) and ``distributed.p2p.storage.buffer``
+# of incoming ones (100 MiB). Each gets this share of the worker's limit, so both fit beside the running tasks.
+P2P_BUFFER_SHARE = 0.10
+# Under this worker limit a rechunk goes through tasks: p2p's fixed cost (10 concurrent 2 MiB messages, its own
+# threads, two buffers) leaves too little of a small worker; tasks of ``chunk_bytes`` chunks are spilled as usual.
+P2P_MIN_WORKER_BYTES = 512 * (1 << 20)
+
+
+def dask_settings(limit_bytes: int, nthreads: int = 1) -> dict[str, int | str]:
+    """The ``dask.config`` values a worker limit implies: array chunk size (``chunk_bytes``), the two p2p buffers
+    and the rechunk method."""
+    buffer = max(MIN_CHUNK_BYTES, int(limit_bytes * P2P_BUFFER_SHARE))
+    return {"array.chunk-size": chunk_bytes(limit_bytes, nthreads),
+            "distributed.p2p.comm.buffer": buffer, "distributed.p2p.storage.buffer": buffer,
+            "array.rechunk.method": "p2p" if limit_bytes >= P2P_MIN_WORKER_BYTES else "tasks"}

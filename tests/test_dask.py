@@ -21,7 +21,7 @@ pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra
 pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
 
 import apsi_memory as memory
-from apsi_memory import BlockError, ChunkError, cli
+from apsi_memory import BlockError, ChunkError, cli, decide
 from apsi_memory import dask as amd
 from apsi_memory.dask.blocks import FileRows, rows_in_file
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
@@ -158,7 +158,7 @@ def test_a_worker_paused_at_high_resumes_while_the_client_holds_the_group_at_mod
     worker = _Worker(rss=64 * MiB, limit=384 * MiB)
     plugin = amd.PressurePlugin()
     plugin.worker = worker
-    with caplog.at_level("WARNING", logger="apsi_memory.dask"):
+    with caplog.at_level("WARNING", logger="distributed.apsi_memory"):
         pressure_machine.at(Level.HIGH)
         plugin.check()
         assert str(worker.status) == "Status.paused"
@@ -190,6 +190,124 @@ def test_preload_nanny_sets_the_limit_before_the_workers_register() -> None:
                       preload_nanny=["apsi_memory.dask"]) as stock, stock.get_client() as c:
         assert registered_limits(c) == [amd.worker_memory_limit(2)] * 2  # stock: half of the host each
         assert sum(len(p) for p in c.run(lambda dask_worker: list(dask_worker.plugins)).values()) >= 2
+
+
+def _settings_on(dask_worker: Any) -> dict[str, Any]:
+    import dask
+
+    shuffle = dask_worker.extensions["shuffle"]
+    return {"array.chunk-size": dask.config.get("array.chunk-size"),
+            "distributed.p2p.comm.buffer": shuffle.memory_limiter_comms.limit,
+            "distributed.p2p.storage.buffer": shuffle.memory_limiter_disk.limit,
+            "array.rechunk.method": dask.config.get("array.rechunk.method")}
+
+
+def test_cluster_sets_the_chunk_size_p2p_buffers_and_rechunk_method_its_limit_implies(client: Any) -> None:
+    """Dask's 128 MiB chunks and p2p's 1 GiB comm buffer per worker did not fit a 384 MiB worker: stock finished
+    where cluster() hung. Both follow the limit, here (where graphs are built) and on every worker."""
+    import dask
+
+    wanted = decide.dask_settings(amd.worker_memory_limit(2))
+    assert {key: dask.config.get(key) for key in wanted} == wanted
+    assert list(client.run(_settings_on).values()) == [wanted, wanted]
+
+
+def test_scale_shares_the_memory_again_and_each_thread_worker_has_its_own_plugin() -> None:
+    """cluster(2).scale(4) gave 4 workers of the 2-worker limit; with processes=False one PressurePlugin was shared
+    by the workers, and only the last one was ever paused."""
+    import dask
+
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
+        c.scale(4)
+        cl.wait_for_workers(4, timeout=30)
+        four = amd.worker_memory_limit(4)
+        assert registered_limits(cl) == [four] * 4
+        assert sorted(w.memory_manager.memory_limit for w in c.workers.values()) == [four] * 4
+        assert dask.config.get("array.chunk-size") == amd.chunk_bytes(four)
+        plugins = {address: w.plugins["apsi-pressure"] for address, w in
+                   ((w.address, w) for w in c.workers.values())}
+        assert len({id(p) for p in plugins.values()}) == 4
+        assert all(p.worker.address == address for address, p in plugins.items())
+
+
+def test_settings_the_user_made_are_kept() -> None:
+    import dask
+
+    with dask.config.set({"array.chunk-size": "7MiB"}):
+        settings = amd.follow_limit(384 * MiB, 1)
+        assert "array.chunk-size" not in settings and dask.config.get("array.chunk-size") == "7MiB"
+    assert settings["distributed.p2p.comm.buffer"] == int(384 * MiB * decide.P2P_BUFFER_SHARE)
+
+
+SCHEDULER_AND_WORKER = """
+import json, os, subprocess, sys, time
+from distributed import Client
+if __name__ == "__main__":
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+                              "--scheduler-file", "s.json", "--no-dashboard"], stderr=subprocess.DEVNULL)
+    while not os.path.exists("s.json"):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", "s.json",
+                               "--nworkers", "2", "--nthreads", "1", "--no-dashboard", *sys.argv[1:]],
+                              stderr=open("worker.log", "w"))
+    try:
+        with Client(scheduler_file="s.json", timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            workers = c.scheduler_info()["workers"].values()
+            plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
+            print(json.dumps({"limits": sorted(w["memory_limit"] for w in workers),
+                              "plugins": sorted(p for ps in plugins.values() for p in ps)}))
+    finally:
+        worker.terminate(); worker.wait(30); sched.terminate(); sched.wait(30)
+"""
+
+
+def _dask_worker(tmp_path: Path, *args: str, group: Any = None) -> tuple[dict[str, Any], str]:
+    """A ``dask scheduler`` and a ``dask worker --nworkers 2 ARGS``, in ``group`` (a real cgroup) if given."""
+    script = tmp_path / "run.py"
+    script.write_text(SCHEDULER_AND_WORKER)
+    argv = [sys.executable, str(script), *args]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    if group is None:
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    else:
+        done = group.run(argv, timeout=120, cwd=tmp_path, env=env)
+    log = (tmp_path / "worker.log").read_text()
+    assert done.returncode == 0, done.stderr[-2000:] + log[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), log
+
+
+def _worker_only_share(usable: int) -> int:
+    return (usable - decide.DASK_WORKER_PROCESS_BYTES) // 2  # one dask worker process, two workers, no client
+
+
+def test_dask_worker_preload_works_and_shares_the_memory_between_its_workers(tmp_path: Path) -> None:
+    """``dask worker --preload apsi_memory.dask --nworkers 2`` logged a traceback and started each worker with the
+    host's memory. Each now gets half of what is usable less one ``dask worker`` process (no client runs here),
+    says so in the worker log, and runs PressurePlugin."""
+    shown, log = _dask_worker(tmp_path, "--preload", "apsi_memory.dask")
+    share = _worker_only_share(memory.limits().usable_bytes)
+    assert shown["limits"] == [share] * 2, log[-3000:]
+    assert shown["plugins"].count("apsi-pressure") == 2
+    assert "Traceback" not in log and log.count(f"worker memory limit {share >> 20} MiB (2 workers") == 2
+
+
+def test_an_explicit_memory_limit_is_kept_and_one_above_the_share_warned_of(tmp_path: Path) -> None:
+    usable = memory.limits().usable_bytes
+    asked = (usable - 64 * MiB) >> 20  # more than half, within what dask itself accepts
+    shown, log = _dask_worker(tmp_path, "--preload-nanny", "apsi_memory.dask", "--memory-limit", f"{asked}MiB")
+    assert shown["limits"] == [asked * MiB] * 2 and shown["plugins"].count("apsi-pressure") == 2
+    assert f"--memory-limit {asked} MiB kept, but it is more than this worker's share" in log
+
+
+@pytest.mark.real
+def test_in_a_real_1gib_group_dask_worker_preload_gets_half_less_its_process(memcg: Any, tmp_path: Path) -> None:
+    with memcg(GiB, prefix=f"apsi-i22dask-{os.getpid()}") as group:
+        shown, log = _dask_worker(tmp_path, "--preload", "apsi_memory.dask", group=group)
+        kills = group.oom_kills()
+    assert shown["limits"] == [_worker_only_share(GiB)] * 2, log[-3000:]
+    assert kills == 0
 
 
 # -- map(engine=client) equals the local map ----------------------------------------------------------------------

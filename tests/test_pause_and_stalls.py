@@ -33,10 +33,11 @@ LIMIT = 1 << 30
 @given(levels, fractions, st.booleans())
 def test_a_paused_worker_resumes_under_the_pause_level_and_gap_whatever_the_level_was(level: Level, share: float,
                                                                                      paused: bool) -> None:
-    cause = worker_pause_cause(level, int(share * LIMIT), LIMIT, paused)
-    if level < Level.HIGH and share < DASK_PAUSE_FRACTION - DASK_RESUME_GAP:
+    rss = int(share * LIMIT)
+    cause = worker_pause_cause(level, rss, LIMIT, paused)
+    if level < Level.HIGH and rss / LIMIT < DASK_PAUSE_FRACTION - DASK_RESUME_GAP:
         assert cause is None  # moderate (memory held elsewhere) never keeps a worker paused
-    if level >= Level.HIGH or share >= DASK_PAUSE_FRACTION:
+    if level >= Level.HIGH or rss / LIMIT >= DASK_PAUSE_FRACTION:
         assert cause is not None
 
 
