@@ -440,3 +440,16 @@ def dask_settings(limit_bytes: int, nthreads: int = 1) -> dict[str, int | str]:
     return {"array.chunk-size": chunk_bytes(limit_bytes, nthreads),
             "distributed.p2p.comm.buffer": buffer, "distributed.p2p.storage.buffer": buffer,
             "array.rechunk.method": "p2p" if limit_bytes >= P2P_MIN_WORKER_BYTES else "tasks"}
+
+
+# A block on a cluster costs a round trip through the scheduler (tens of ms on a busy machine), not a thread switch:
+# two per thread in flight left small blocks waiting on latency. More may be in flight while together they hold
+# no more input than the default blocks would (``in_flight_bytes``), up to this many.
+CLUSTER_MAX_IN_FLIGHT = 256
+
+
+def cluster_blocks_in_flight(threads: int, block_bytes: int, in_flight_bytes: int) -> int:
+    """Blocks of ``map(engine=client)`` in flight at once: two per thread, more for blocks small enough that
+    ``in_flight_bytes`` holds more of them (never over ``CLUSTER_MAX_IN_FLIGHT``)."""
+    fits = in_flight_bytes // max(1, block_bytes)
+    return max(2 * max(1, threads), min(CLUSTER_MAX_IN_FLIGHT, fits))

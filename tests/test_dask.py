@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -401,6 +402,83 @@ def test_dtype_mismatch_names_the_block(client: Any) -> None:
     assert messages[1] == messages[0] and "rows 2000:3000 (block 3 of 5)" in messages[0]
 
 
+class _Counting:
+    """A client that notes, at each submit, how many of the futures it handed out are still referenced (by the
+    caller: ``map``) and how big the task's arguments pickle (everything but ``fn``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.most_futures, self.most_bytes = client, 0, 0
+        self.alive: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.most_futures = max(self.most_futures, len(self.alive))
+        self.most_bytes = max(self.most_bytes, len(pickle.dumps(args[2:])))
+        future = self.client.submit(*args, **kwargs)
+        self.alive.add(future)
+        return future
+
+
+def test_a_1000_block_map_sends_and_keeps_a_bounded_amount_per_block(client: Any) -> None:
+    """Each task carried the list of all the blocks and every future was kept to the end: 1,000 blocks took 33 s
+    (0.3 s locally), 10,000 never finished. Now a task's arguments and the futures held do not grow with the count
+    (timings: benchmarks/bench_dask_map.py)."""
+    x = np.arange(4000.0).reshape(1000, 4)
+    counting = _Counting(client)
+    same(memory.map(twice_plus_one, x, rows=1), memory.map(twice_plus_one, x, rows=1, engine=counting))
+    assert counting.most_bytes < 1024
+    # those in flight, and those just finished until the next wait: never the 999 of a run that keeps them all
+    assert counting.most_futures <= 2 * decide.CLUSTER_MAX_IN_FLIGHT
+
+
+def test_a_relative_npy_path_is_the_callers_file(client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers resolved a relative path in their own folder: another file, or none."""
+    monkeypatch.chdir(tmp_path)
+    np.save("x.npy", np.arange(3000.0).reshape(1000, 3))
+    same(*both(twice_plus_one, "x.npy", 100, client))
+
+
+def row_sums(block: np.ndarray) -> np.ndarray:
+    return block.sum(axis=1)
+
+
+def test_an_f_ordered_input_gives_the_same_bytes_for_row_reductions(client: Any) -> None:
+    """A C-ordered copy was read on the workers: its row sums add in another order and differ in the last bits."""
+    x = np.asfortranarray(np.random.default_rng(5).standard_normal((4000, 301)))
+    local, remote = both(row_sums, x, 500, client)
+    assert local.tobytes() != row_sums(np.ascontiguousarray(x)).tobytes()  # the layout does change the bytes
+    same(local, remote)
+
+
+def slow_twice(block: np.ndarray) -> np.ndarray:
+    time.sleep(0.4)
+    return block * 2
+
+
+def test_ctrl_c_cancels_the_blocks_and_leaves_the_workers_alive_and_no_file(client: Any,
+                                                                       private_apsi_home: Path) -> None:
+    """Ctrl-C truncated the output while tasks wrote to it: every worker died of SIGBUS. Now the blocks not started
+    are cancelled and the output is unlinked, never truncated: the workers live on and no spill file is left."""
+    import signal
+    import threading
+
+    workers = sorted(client.scheduler_info()["workers"])
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            memory.map(slow_twice, np.ones((60_000, 8)), rows=1000, engine=client)
+    finally:
+        timer.cancel()
+    time.sleep(1)  # a worker killed by SIGBUS would be gone (or restarted under a new address) by now
+    assert sorted(client.scheduler_info()["workers"]) == workers
+    assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+    spill_dir = private_apsi_home / "spill"
+    assert not spill_dir.exists() or not list(spill_dir.iterdir())
+
+
 # -- the traps ------------------------------------------------------------------------------------------------------
 
 def test_memmap_input_travels_as_a_path_not_as_its_data(tmp_path: Path) -> None:
@@ -426,6 +504,37 @@ def test_to_dask_of_a_memmap_holds_no_data_in_its_graph(client: Any, tmp_path: P
     scattered = memory.to_dask(x, rows=1000, client=client)  # no shared files: blocks sent one at a time
     assert scattered.chunks[0] == (1000,) * 4 + (96,)
     assert client.compute(scattered * 2 + 1).result().tobytes() == (x * 2 + 1).tobytes()
+
+
+def _spilled_ones_as_dask() -> Any:
+    memory.budget("1MB")  # 2 MiB goes to a spill file
+    x = memory.array((4096, 64))
+    x[:] = 1.0
+    return memory.to_dask(x, rows=512), x.filename  # type: ignore[attr-defined]
+
+
+def test_to_dask_holds_its_source_and_is_one_layer(client: Any) -> None:
+    """``def load(): x = memory.array(...); return to_dask(x)`` failed on compute with FileNotFoundError (x was
+    collected and its spill file deleted); 4,096 chunks built 8,193 layers."""
+    import gc
+
+    d, path = _spilled_ones_as_dask()
+    gc.collect()
+    assert os.path.exists(path)
+    assert client.compute(d.sum()).result() == 4096 * 64
+    assert len(d.__dask_graph__().layers) == 1
+    del d
+    gc.collect()
+    assert not os.path.exists(path)  # held by the dask array, not for ever
+
+
+def test_to_dask_after_free_says_the_source_was_freed(client: Any) -> None:
+    memory.budget("1MB")
+    x = memory.array((4096, 64))
+    d = memory.to_dask(x, rows=512)
+    memory.free(x)
+    with pytest.raises(ChunkError, match="source file .* is gone: the array was freed"):
+        client.compute(d.sum()).result()
 
 
 def test_output_file_itself_is_right_under_a_process_cluster(client: Any) -> None:
