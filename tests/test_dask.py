@@ -582,6 +582,33 @@ def test_in_a_1gib_group_workers_get_at_most_half_and_1_5gib_completes(memcg: An
     assert result["total"] == 3.0 * result["n"] and kills == 0
 
 
+def test_the_dask_benchmark_runs_with_the_dask_extra_alone() -> None:
+    """``python -m benchmarks.dask_cgroup`` imported pytest, which the dask extra does not install."""
+    script = "import sys\nsys.modules['pytest'] = None\nimport benchmarks.dask_cgroup\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
+                          cwd=os.getcwd())
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("env", "config", "count"), [("3", None, 3), (None, 5, 5), ("2", 5, 2), (None, None, None)])
+def test_the_workers_sharing_the_machine_come_from_the_variable_or_the_dask_setting(
+        monkeypatch: pytest.MonkeyPatch, env: str | None, config: int | None, count: int | None) -> None:
+    import dask
+
+    if env is None:
+        monkeypatch.delenv("APSI_DASK_WORKERS", raising=False)
+    else:
+        monkeypatch.setenv("APSI_DASK_WORKERS", env)
+    with dask.config.set({"apsi-memory.workers": config}):
+        assert amd._workers_setting() == count
+
+
+def test_a_bad_worker_count_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APSI_DASK_WORKERS", "two")
+    with pytest.raises(ValueError, match="APSI_DASK_WORKERS='two': the number of dask workers"):
+        amd._workers_setting()
+
+
 # -- the extra stays optional ---------------------------------------------------------------------------------------
 
 def test_the_core_never_imports_dask_and_says_how_to_get_it() -> None:
