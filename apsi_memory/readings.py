@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapters.cgroup import CgroupMemory
-from .adapters.psi import SYSTEM_PSI
 from .decide import Level, host_stalls_count, pressure_cause, pressure_level
 from .measure import MemoryReading
 from .units import GiB, fmt_gb
@@ -160,6 +159,6 @@ def _stalls_ignored(reading: MemoryReading) -> str | None:
         return None
     host = reading.host
     host_free = host.available / host.total if host.total else 0.0
-    if host_stalls_count(reading.psi.source == SYSTEM_PSI, reading.limited, host_free):
+    if host_stalls_count(reading.psi.host_wide, reading.limited, host_free):
         return None
     return f"host-wide, not counted: the group has its own limit and the host has {host_free:.0%} free"

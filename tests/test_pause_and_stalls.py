@@ -21,7 +21,7 @@ from apsi_memory.decide import (
     worker_pause_cause,
 )
 from sim import tree as machines
-from sim.tree import GiB
+from sim.tree import GiB, SimTree
 
 levels = st.sampled_from(LEVELS)
 fractions = st.floats(0.0, 1.0)
@@ -103,3 +103,18 @@ def test_the_groups_own_stalls_always_count(sim_machine: Callable[..., Any]) -> 
     assert memory.pressure().level == Level.HIGH
     sim_machine(machines.host).psi(16.0, 0.0)
     assert memory.pressure().level == Level.HIGH
+
+
+def test_the_v2_root_groups_stalls_on_a_hybrid_host_are_the_hosts(sim_machine: Callable[..., Any]) -> None:
+    """systemd's hybrid layout with the process in the v2 root group (``0::/``): the unified root's
+    memory.pressure is every group's stalls, as /proc/pressure/memory is (this build machine is so)."""
+    group = "/system.slice/app.service"
+    tree = sim_machine(lambda root: SimTree(root).meminfo(64 * GiB, 60 * GiB).process().psi())
+    tree.mount("/sys/fs/cgroup/memory", "cgroup", "memory").member(f"4:memory:{group}")
+    tree.mount("/sys/fs/cgroup/unified", "cgroup2", "nsdelegate").member("0::/")
+    tree.v1_group("/sys/fs/cgroup/memory")
+    tree.v1_group(f"/sys/fs/cgroup/memory{group}", 2 * GiB, 292 << 20)
+    tree.psi(45.0, 12.0, path="/sys/fs/cgroup/unified/memory.pressure")
+    reading = memory.pressure()
+    assert reading.psi_source == "/sys/fs/cgroup/unified/memory.pressure"
+    assert reading.level == Level.OK and reading.stalls_ignored is not None
