@@ -231,6 +231,16 @@ def test_scale_shares_the_memory_again_and_each_thread_worker_has_its_own_plugin
         assert all(p.worker.address == address for address, p in plugins.items())
 
 
+def test_adapt_shares_the_memory_between_the_workers_it_starts() -> None:
+    with amd.cluster(n_workers=1, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
+        c.adapt(minimum=3, maximum=3, interval="100ms")
+        cl.wait_for_workers(3, timeout=30)
+        deadline = time.monotonic() + 10
+        while registered_limits(cl) != [amd.worker_memory_limit(3)] * 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
+
+
 def test_settings_the_user_made_are_kept() -> None:
     import dask
 

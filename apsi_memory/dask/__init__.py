@@ -27,6 +27,7 @@ pause fraction of the limit).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
@@ -128,6 +129,7 @@ class MemoryCluster(LocalCluster):
     new, ``worker_memory_limit(n)`` and the dask settings that follow from it."""
 
     fixed_limit = False
+    _sharing: asyncio.Future[None] | None = None  # the last share started from the event loop, kept till done
 
     def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
         if memory is None and cores is None and n >= 1 and not self.fixed_limit:
@@ -140,7 +142,11 @@ class MemoryCluster(LocalCluster):
         limit = worker_memory_limit(n, threads)
         settings = follow_limit(limit, threads)
         self.new_spec["options"]["memory_limit"] = limit  # the specs of the running workers share this dict
-        self.sync(self._share, limit, settings)
+        running = _running_loop()
+        if running is not None and running is self.loop.asyncio_loop:  # adapt() scales from the cluster's loop
+            self._sharing = asyncio.ensure_future(self._share(limit, settings))
+        else:
+            self.sync(self._share, limit, settings)
         logger.info("apsi_memory: worker memory limit %d MiB (%d workers)", limit >> 20, n)
         return limit
 
@@ -153,6 +159,13 @@ class MemoryCluster(LocalCluster):
         if self.scheduler.workers:
             await self.scheduler.broadcast(msg={"op": "run", "function": pickle.dumps(_worker_follows),
                                                 "args": pickle.dumps((limit, settings))}, on_error="ignore")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _worker_follows(limit: int, settings: dict[str, int | str], dask_worker: Any) -> None:
