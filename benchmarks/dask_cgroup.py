@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python -m benchmarks.dask_cgroup            # prints the table (two runs, 120 s limit each)
     sudo .venv/bin/python -m benchmarks.dask_cgroup --workloads sum rechunk --variants stock apsi stock-limit \
-        --group-mib 1024 --total-mib 1536 --limit 60 [--namespace]  # issue 22's table (docs/guides/dask-in-containers.md)
+        --group-mib 1024 --total-mib 1536 --limit 60 [--namespace]  # docs/guides/dask-in-containers.md
 
 Workloads: ``persist`` (below), ``sum`` (``(x * 2 + 1).sum()`` of ``--total-mib`` in dask's automatic chunks,
 ``array.chunk-size``) and ``rechunk`` (a square array of ``--total-mib`` from row chunks to column chunks with
@@ -137,7 +137,8 @@ def _remove(group: str) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| group | workload | cluster | worker limit | OOM kills | worker restarts | failed tasks | finished | wall |"
+    head = ("| group | workload | cluster | worker limit | OOM kills | worker restarts | failed tasks | finished "
+            "| wall |")
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         limit = row.get("worker_limit_bytes")

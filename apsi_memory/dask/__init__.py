@@ -52,8 +52,8 @@ from ..machinery import machine
 from ..watch import relieve
 from .blocks import map_on_cluster, to_dask
 
-__all__ = ["MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup", "map_on_cluster",
-           "to_dask", "worker_memory_limit"]
+__all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
+           "follow_limit", "map_on_cluster", "to_dask", "worker_memory_limit"]
 
 WORKERS_ENV = "APSI_DASK_WORKERS"  # how many workers share this machine, for dask_setup (default: its nannies)
 # Under "distributed": its logging setup (INFO, to stderr) shows these lines in worker and cluster logs; ours alone
@@ -99,7 +99,8 @@ def _dask_chose(limit: int, nthreads: int) -> bool:
     or a ``LocalCluster``'s host split between its workers. Anything else was given with ``--memory-limit``."""
     from distributed.system import MEMORY_LIMIT
 
-    return limit == _limit_bytes("auto", nthreads) or any(limit == int(MEMORY_LIMIT * min(1, 1 / n)) for n in range(1, 257))
+    split = {int(MEMORY_LIMIT * min(1, 1 / n)) for n in range(1, 257)}  # LocalCluster's "auto" for n workers
+    return limit == _limit_bytes("auto", nthreads) or limit in split
 
 
 def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
@@ -205,8 +206,8 @@ class MemoryLimitPlugin(NannyPlugin):
         set_limit(nanny, self.workers_per_machine)
 
 
-def set_limit(nanny: Any, n_workers: int, outside_bytes: int = decide.DASK_OUTSIDE_WORKERS_BYTES) -> int:
-    limit = worker_memory_limit(n_workers, nanny.nthreads, outside_bytes)
+def set_limit(nanny: Any, n_workers: int) -> int:
+    limit = worker_memory_limit(n_workers, nanny.nthreads)
     _set_nanny_limit(nanny, limit)
     logger.info("apsi_memory: worker memory limit %d MiB (%d workers on this machine)", limit >> 20, n_workers)
     return limit
