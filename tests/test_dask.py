@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
 pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
@@ -24,7 +26,8 @@ pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra:
 import apsi_memory as memory
 from apsi_memory import BlockError, ChunkError, cli, decide
 from apsi_memory import dask as amd
-from apsi_memory.dask.blocks import FileRows, rows_in_file
+from apsi_memory.blocks import block_spans
+from apsi_memory.dask.blocks import EvenSpans, FileRows, rows_in_file
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
 from sim import tree as machines
 from sim.pressure import PressureMachine
@@ -441,6 +444,12 @@ def test_a_1000_block_map_sends_and_keeps_a_bounded_amount_per_block(client: Any
     assert counting.most_bytes < 1024
     # those in flight, and those just finished until the next wait: never the 999 of a run that keeps them all
     assert counting.most_futures <= 2 * decide.CLUSTER_MAX_IN_FLIGHT
+
+
+@given(st.integers(0, 5000), st.integers(1, 700))
+def test_even_spans_are_the_local_maps_blocks(n_rows: int, rows: int) -> None:
+    spans = EvenSpans(n_rows, rows)
+    assert list(spans) == (block_spans(n_rows, rows) or [(0, 0)]) and len(pickle.dumps(spans)) < 200
 
 
 def test_a_relative_npy_path_is_the_callers_file(client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -100,9 +100,10 @@ class EvenSpans(Sequence[tuple[int, int]]):
 
     def __init__(self, n_rows: int, rows: int) -> None:
         self.n_rows, self.rows = n_rows, max(1, rows)
+        self.starts = range(0, max(1, n_rows), self.rows)  # an empty input is one empty block, as locally
 
     def __len__(self) -> int:
-        return max(1, -(-self.n_rows // self.rows))
+        return len(self.starts)
 
     @overload
     def __getitem__(self, index: int) -> tuple[int, int]: ...
@@ -112,10 +113,8 @@ class EvenSpans(Sequence[tuple[int, int]]):
 
     def __getitem__(self, index: int | slice) -> tuple[int, int] | Sequence[tuple[int, int]]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        start = (index % len(self)) * self.rows
+            return [(start, min(start + self.rows, self.n_rows)) for start in self.starts[index]]
+        start = self.starts[index]  # range raises the IndexError that ends iteration
         return start, min(start + self.rows, self.n_rows)
 
 
