@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapters.cgroup import CgroupMemory
-from .decide import Level, pressure_cause, pressure_level
+from .decide import Level, host_stalls_count, pressure_cause, pressure_level
 from .measure import MemoryReading
 from .units import GiB, fmt_size
 
@@ -116,7 +116,9 @@ class Pressure(Reading):
     * ``psi_source``: the file they came from (the cgroup's ``memory.pressure`` or ``/proc/pressure/memory``).
       ``some``/``full``/``psi_source`` are ``None`` where the kernel has no PSI, never 0;
     * ``cause``: the signal(s) past the level's thresholds, e.g. ``some ≥ 5 %`` (``None`` at ``ok``);
-    * ``psi_problem``: why stalls are not available although a PSI file is there (it could not be parsed).
+    * ``psi_problem``: why stalls are not available although a PSI file is there (it could not be parsed);
+    * ``stalls_ignored``: why ``some``/``full`` did not count toward the level: they are the host's, the group has
+      its own limit, and the host is not short of memory (``decide.host_stalls_count``); None when they counted.
     """
 
     level: Level
@@ -128,6 +130,7 @@ class Pressure(Reading):
     psi_source: str | None
     cause: str | None = None  # the signal(s) that set the level, e.g. "some ≥ 5 %"; None at ok
     psi_problem: str | None = None  # why stalls are not available although a PSI file is there
+    stalls_ignored: str | None = None  # why the stalls did not count toward the level
 
     def __str__(self) -> str:
         if self.some is None:
@@ -135,6 +138,7 @@ class Pressure(Reading):
         else:
             full = "n/a" if self.full is None else f"{self.full:.1f} %"
             stalls = f"stalls {self.some:.1f} % (some) / {full} (full)"
+            stalls += f" ({self.stalls_ignored})" if self.stalls_ignored and (self.some or self.full) else ""
         cause = f" — {self.cause}" if self.cause else ""
         return f"{self.level}: {fmt_size(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}{cause}"
 
@@ -143,6 +147,18 @@ def pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
     fraction = reading.free / reading.usable if reading.usable else 0.0
     psi = reading.psi
     some, full, source = (None, None, None) if psi is None else (psi.some, psi.full, psi.source)
-    level = pressure_level(fraction, some, full, previous)
+    ignored = _stalls_ignored(reading)
+    counted_some, counted_full = (None, None) if ignored else (some, full)
+    level = pressure_level(fraction, counted_some, counted_full, previous)
     return Pressure(level, reading.free, reading.usable, fraction, some, full, source,
-                    pressure_cause(level, fraction, some, full), reading.psi_problem)
+                    pressure_cause(level, fraction, counted_some, counted_full), reading.psi_problem, ignored)
+
+
+def _stalls_ignored(reading: MemoryReading) -> str | None:
+    if reading.psi is None:
+        return None
+    host = reading.host
+    host_free = host.available / host.total if host.total else 0.0
+    if host_stalls_count(reading.psi.host_wide, reading.limited, host_free):
+        return None
+    return f"host-wide, not counted: the group has its own limit and the host has {host_free:.0%} free"

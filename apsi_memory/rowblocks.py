@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED
 from typing import Any, Protocol, TypeVar
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import BlockError, ChunkError
 
-Spans = list[tuple[int, int]]
+Spans = Sequence[tuple[int, int]]  # a list, or the dask engine's EvenSpans (two numbers, for any count)
 BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
 
 
@@ -78,6 +78,7 @@ def run_in_order(count: int, in_flight: int, submit: Callable[[int], F], wait_fo
                 assert first is not None
                 raise first
             for future in sorted(finished, key=index_of.__getitem__):
+                del index_of[future]  # a finished future is not kept: on a cluster it would hold its result
                 done(future.result())
     except BaseException:
         stop.at(0)

@@ -6,8 +6,10 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pytest
+if TYPE_CHECKING:  # only named here: python -m benchmarks.dask_cgroup runs with the dask extra, without pytest
+    import pytest
 
 
 @contextmanager

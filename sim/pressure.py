@@ -13,9 +13,10 @@ import os
 from apsi_memory.decide import LEVEL_TABLE, Level
 from sim import machine
 from sim.clock import FakeClock
-from sim.tree import MiB, docker_v1
+from sim.tree import GiB, MiB, docker_v1
 
 GROUP = "/sys/fs/cgroup/memory"
+HOST_TOTAL, HOST_AVAILABLE = 64 * GiB, 60 * GiB  # docker_v1's host
 
 
 def used_share(level: Level) -> float:
@@ -40,8 +41,12 @@ class PressureMachine:
         """Show ``level`` in the files; the tracker sees it at its next measurement."""
         self.set_usage(int(self.limit * used_share(level)))
 
-    def stalls(self, some: float, full: float | None = 0.0) -> None:
-        """Show PSI ``some``/``full`` avg10 (percent) in ``/proc/pressure/memory``."""
+    def stalls(self, some: float, full: float | None = 0.0, host_short: bool = True) -> None:
+        """Show PSI ``some``/``full`` avg10 (percent) in ``/proc/pressure/memory``. Host-wide stalls count toward a
+        limited group's level only while the host is short of memory (``decide.host_stalls_count``), so by default
+        the host's available memory drops to 10 % with them; ``host_short=False`` leaves it at 60 of 64 GiB (a
+        thrashing group elsewhere on a calm host)."""
+        self.tree.meminfo(HOST_TOTAL, HOST_TOTAL // 10 if host_short and some else HOST_AVAILABLE)
         self.tree.psi(some, full)
 
     def next_measurement(self) -> None:

@@ -10,21 +10,26 @@ import pickle
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
 pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
 
 import apsi_memory as memory
-from apsi_memory import BlockError, ChunkError, cli
+from apsi_memory import BlockError, ChunkError, cli, decide
 from apsi_memory import dask as amd
-from apsi_memory.dask.blocks import FileRows, rows_in_file
+from apsi_memory.blocks import block_spans
+from apsi_memory.dask.blocks import EvenSpans, FileRows, rows_in_file
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
+from apsi_memory.units import fmt_size
 from sim import tree as machines
 from sim.pressure import PressureMachine
 from sim.tree import GiB, MiB
@@ -137,6 +142,40 @@ def test_plugin_pauses_spills_and_resumes_as_the_scheduler_sees_it(client: Any, 
     assert float(held.sum().compute()) == (8 * MiB - 1) * 8 * MiB / 2  # spilled data still reads back
 
 
+class _Worker:
+    """What ``PressurePlugin.check`` reads of a worker: status, RSS, limit, events (no SpillBuffer: nothing spills)."""
+
+    def __init__(self, rss: int, limit: int) -> None:
+        from distributed.core import Status
+
+        self.status, self.address, self.data, self.events = Status.running, "tcp://sim:1", {}, []
+        self.monitor = type("Monitor", (), {"get_process_memory": staticmethod(lambda: rss)})()
+        self.memory_manager = type("MemoryManager", (), {"memory_limit": limit})()
+
+    def log_event(self, topic: str, event: dict[str, Any]) -> None:
+        self.events.append(event["action"])
+
+
+def test_a_worker_paused_at_high_resumes_while_the_client_holds_the_group_at_moderate(
+        pressure_machine: PressureMachine, caplog: pytest.LogCaptureFixture) -> None:
+    """The deadlock: a 1 GiB group held at 67 % by the client (33 % free: moderate, never ok) kept both workers
+    paused for good once a spike had paused them. They resume under high, and say why on each change."""
+    worker = _Worker(rss=64 * MiB, limit=384 * MiB)
+    plugin = amd.PressurePlugin()
+    plugin.worker = worker
+    with caplog.at_level("WARNING", logger="distributed.apsi_memory"):
+        pressure_machine.at(Level.HIGH)
+        plugin.check()
+        assert str(worker.status) == "Status.paused"
+        pressure_machine.set_usage(int(pressure_machine.limit * 0.67))
+        plugin.check()
+    assert memory.current_level() == Level.MODERATE
+    assert str(worker.status) == "Status.running" and worker.events.count("resume") == 1
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "worker tcp://sim:1 paused: pressure high",
+        "worker tcp://sim:1 resumed: pressure moderate, worker memory 17% of its limit"]
+
+
 def test_memory_limit_plugin_restarts_running_workers_with_the_new_limit(client: Any) -> None:
     client.register_plugin(amd.MemoryLimitPlugin(4))
     try:
@@ -156,6 +195,134 @@ def test_preload_nanny_sets_the_limit_before_the_workers_register() -> None:
                       preload_nanny=["apsi_memory.dask"]) as stock, stock.get_client() as c:
         assert registered_limits(c) == [amd.worker_memory_limit(2)] * 2  # stock: half of the host each
         assert sum(len(p) for p in c.run(lambda dask_worker: list(dask_worker.plugins)).values()) >= 2
+
+
+def _settings_on(dask_worker: Any) -> dict[str, Any]:
+    import dask
+
+    shuffle = dask_worker.extensions["shuffle"]
+    return {"array.chunk-size": dask.config.get("array.chunk-size"),
+            "distributed.p2p.comm.buffer": shuffle.memory_limiter_comms.limit,
+            "distributed.p2p.storage.buffer": shuffle.memory_limiter_disk.limit,
+            "array.rechunk.method": dask.config.get("array.rechunk.method")}
+
+
+def test_cluster_sets_the_chunk_size_p2p_buffers_and_rechunk_method_its_limit_implies(client: Any) -> None:
+    """Dask's 128 MiB chunks and p2p's 1 GiB comm buffer per worker did not fit a 384 MiB worker: stock finished
+    where cluster() hung. Both follow the limit, here (where graphs are built) and on every worker."""
+    import dask
+
+    wanted = decide.dask_settings(amd.worker_memory_limit(2))
+    assert {key: dask.config.get(key) for key in wanted} == wanted
+    assert list(client.run(_settings_on).values()) == [wanted, wanted]
+
+
+def test_scale_shares_the_memory_again_and_each_thread_worker_has_its_own_plugin() -> None:
+    """cluster(2).scale(4) gave 4 workers of the 2-worker limit; with processes=False one PressurePlugin was shared
+    by the workers, and only the last one was ever paused."""
+    import dask
+
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
+        c.scale(4)
+        cl.wait_for_workers(4, timeout=30)
+        four = amd.worker_memory_limit(4)
+        assert registered_limits(cl) == [four] * 4
+        assert sorted(w.memory_manager.memory_limit for w in c.workers.values()) == [four] * 4
+        assert dask.config.get("array.chunk-size") == amd.chunk_bytes(four)
+        plugins = {address: w.plugins["apsi-pressure"] for address, w in
+                   ((w.address, w) for w in c.workers.values())}
+        assert len({id(p) for p in plugins.values()}) == 4
+        assert all(p.worker.address == address for address, p in plugins.items())
+
+
+def test_adapt_shares_the_memory_between_the_workers_it_starts() -> None:
+    with amd.cluster(n_workers=1, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
+        c.adapt(minimum=3, maximum=3, interval="100ms")
+        cl.wait_for_workers(3, timeout=30)
+        deadline = time.monotonic() + 10
+        while registered_limits(cl) != [amd.worker_memory_limit(3)] * 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
+
+
+def test_settings_the_user_made_are_kept() -> None:
+    import dask
+
+    with dask.config.set({"array.chunk-size": "7MiB"}):
+        settings = amd.follow_limit(384 * MiB, 1)
+        assert "array.chunk-size" not in settings and dask.config.get("array.chunk-size") == "7MiB"
+    assert settings["distributed.p2p.comm.buffer"] == int(384 * MiB * decide.P2P_BUFFER_SHARE)
+
+
+SCHEDULER_AND_WORKER = """
+import json, os, subprocess, sys, time
+from distributed import Client
+if __name__ == "__main__":
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+                              "--scheduler-file", "s.json", "--no-dashboard"], stderr=subprocess.DEVNULL)
+    while not os.path.exists("s.json"):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", "s.json",
+                               "--nworkers", "2", "--nthreads", "1", "--no-dashboard", *sys.argv[1:]],
+                              stderr=open("worker.log", "w"))
+    try:
+        with Client(scheduler_file="s.json", timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            workers = c.scheduler_info()["workers"].values()
+            plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
+            print(json.dumps({"limits": sorted(w["memory_limit"] for w in workers),
+                              "plugins": sorted(p for ps in plugins.values() for p in ps)}))
+    finally:
+        worker.terminate(); worker.wait(30); sched.terminate(); sched.wait(30)
+"""
+
+
+def _dask_worker(tmp_path: Path, *args: str, group: Any = None) -> tuple[dict[str, Any], str]:
+    """A ``dask scheduler`` and a ``dask worker --nworkers 2 ARGS``, in ``group`` (a real cgroup) if given."""
+    script = tmp_path / "run.py"
+    script.write_text(SCHEDULER_AND_WORKER)
+    argv = [sys.executable, str(script), *args]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    if group is None:
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    else:
+        done = group.run(argv, timeout=120, cwd=tmp_path, env=env)
+    log = (tmp_path / "worker.log").read_text()
+    assert done.returncode == 0, done.stderr[-2000:] + log[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), log
+
+
+def _worker_only_share(usable: int) -> int:
+    return (usable - decide.DASK_WORKER_PROCESS_BYTES) // 2  # one dask worker process, two workers, no client
+
+
+def test_dask_worker_preload_works_and_shares_the_memory_between_its_workers(tmp_path: Path) -> None:
+    """``dask worker --preload apsi_memory.dask --nworkers 2`` logged a traceback and started each worker with the
+    host's memory. Each now gets half of what is usable less one ``dask worker`` process (no client runs here),
+    says so in the worker log, and runs PressurePlugin."""
+    shown, log = _dask_worker(tmp_path, "--preload", "apsi_memory.dask")
+    share = _worker_only_share(memory.limits().usable_bytes)
+    assert shown["limits"] == [share] * 2, log[-3000:]
+    assert shown["plugins"].count("apsi-pressure") == 2
+    assert "Traceback" not in log and log.count(f"worker memory limit {fmt_size(share)} (2 workers") == 2
+
+
+def test_an_explicit_memory_limit_is_kept_and_one_above_the_share_warned_of(tmp_path: Path) -> None:
+    usable = memory.limits().usable_bytes
+    asked = (usable - 64 * MiB) >> 20  # more than half, within what dask itself accepts
+    shown, log = _dask_worker(tmp_path, "--preload-nanny", "apsi_memory.dask", "--memory-limit", f"{asked}MiB")
+    assert shown["limits"] == [asked * MiB] * 2 and shown["plugins"].count("apsi-pressure") == 2
+    assert f"--memory-limit {fmt_size(asked * MiB)} kept, but it is more than this worker's share" in log
+
+
+@pytest.mark.real
+def test_in_a_real_1gib_group_dask_worker_preload_gets_half_less_its_process(memcg: Any, tmp_path: Path) -> None:
+    with memcg(GiB, prefix=f"apsi-i22dask-{os.getpid()}") as group:
+        shown, log = _dask_worker(tmp_path, "--preload", "apsi_memory.dask", group=group)
+        kills = group.oom_kills()
+    assert shown["limits"] == [_worker_only_share(GiB)] * 2, log[-3000:]
+    assert kills == 0
 
 
 # -- map(engine=client) equals the local map ----------------------------------------------------------------------
@@ -249,6 +416,89 @@ def test_dtype_mismatch_names_the_block(client: Any) -> None:
     assert messages[1] == messages[0] and "rows 2000:3000 (block 3 of 5)" in messages[0]
 
 
+class _Counting:
+    """A client that notes, at each submit, how many of the futures it handed out are still referenced (by the
+    caller: ``map``) and how big the task's arguments pickle (everything but ``fn``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.most_futures, self.most_bytes = client, 0, 0
+        self.alive: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.most_futures = max(self.most_futures, len(self.alive))
+        self.most_bytes = max(self.most_bytes, len(pickle.dumps(args[2:])))
+        future = self.client.submit(*args, **kwargs)
+        self.alive.add(future)
+        return future
+
+
+def test_a_1000_block_map_sends_and_keeps_a_bounded_amount_per_block(client: Any) -> None:
+    """Each task carried the list of all the blocks and every future was kept to the end: 1,000 blocks took 33 s
+    (0.3 s locally), 10,000 never finished. Now a task's arguments and the futures held do not grow with the count
+    (timings: benchmarks/bench_dask_map.py)."""
+    x = np.arange(4000.0).reshape(1000, 4)
+    counting = _Counting(client)
+    same(memory.map(twice_plus_one, x, rows=1), memory.map(twice_plus_one, x, rows=1, engine=counting))
+    assert counting.most_bytes < 1024
+    # those in flight, and those just finished until the next wait: never the 999 of a run that keeps them all
+    assert counting.most_futures <= 2 * decide.CLUSTER_MAX_IN_FLIGHT
+
+
+@given(st.integers(0, 5000), st.integers(1, 700))
+def test_even_spans_are_the_local_maps_blocks(n_rows: int, rows: int) -> None:
+    spans = EvenSpans(n_rows, rows)
+    assert list(spans) == (block_spans(n_rows, rows) or [(0, 0)]) and len(pickle.dumps(spans)) < 200
+
+
+def test_a_relative_npy_path_is_the_callers_file(client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers resolved a relative path in their own folder: another file, or none."""
+    monkeypatch.chdir(tmp_path)
+    np.save("x.npy", np.arange(3000.0).reshape(1000, 3))
+    same(*both(twice_plus_one, "x.npy", 100, client))
+
+
+def row_sums(block: np.ndarray) -> np.ndarray:
+    return block.sum(axis=1)
+
+
+def test_an_f_ordered_input_gives_the_same_bytes_for_row_reductions(client: Any) -> None:
+    """A C-ordered copy was read on the workers: its row sums add in another order and differ in the last bits."""
+    x = np.asfortranarray(np.random.default_rng(5).standard_normal((4000, 301)))
+    local, remote = both(row_sums, x, 500, client)
+    assert local.tobytes() != row_sums(np.ascontiguousarray(x)).tobytes()  # the layout does change the bytes
+    same(local, remote)
+
+
+def slow_twice(block: np.ndarray) -> np.ndarray:
+    time.sleep(0.4)
+    return block * 2
+
+
+def test_ctrl_c_cancels_the_blocks_and_leaves_the_workers_alive_and_no_file(client: Any,
+                                                                       private_apsi_home: Path) -> None:
+    """Ctrl-C truncated the output while tasks wrote to it: every worker died of SIGBUS. Now the blocks not started
+    are cancelled and the output is unlinked, never truncated: the workers live on and no spill file is left."""
+    import signal
+    import threading
+
+    workers = sorted(client.scheduler_info()["workers"])
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            memory.map(slow_twice, np.ones((60_000, 8)), rows=1000, engine=client)
+    finally:
+        timer.cancel()
+    time.sleep(1)  # a worker killed by SIGBUS would be gone (or restarted under a new address) by now
+    assert sorted(client.scheduler_info()["workers"]) == workers
+    assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+    spill_dir = private_apsi_home / "spill"
+    assert not spill_dir.exists() or not list(spill_dir.iterdir())
+
+
 # -- the traps ------------------------------------------------------------------------------------------------------
 
 def test_memmap_input_travels_as_a_path_not_as_its_data(tmp_path: Path) -> None:
@@ -274,6 +524,37 @@ def test_to_dask_of_a_memmap_holds_no_data_in_its_graph(client: Any, tmp_path: P
     scattered = memory.to_dask(x, rows=1000, client=client)  # no shared files: blocks sent one at a time
     assert scattered.chunks[0] == (1000,) * 4 + (96,)
     assert client.compute(scattered * 2 + 1).result().tobytes() == (x * 2 + 1).tobytes()
+
+
+def _spilled_ones_as_dask() -> Any:
+    memory.budget("1MB")  # 2 MiB goes to a spill file
+    x = memory.array((4096, 64))
+    x[:] = 1.0
+    return memory.to_dask(x, rows=512), x.filename  # type: ignore[attr-defined]
+
+
+def test_to_dask_holds_its_source_and_is_one_layer(client: Any) -> None:
+    """``def load(): x = memory.array(...); return to_dask(x)`` failed on compute with FileNotFoundError (x was
+    collected and its spill file deleted); 4,096 chunks built 8,193 layers."""
+    import gc
+
+    d, path = _spilled_ones_as_dask()
+    gc.collect()
+    assert os.path.exists(path)
+    assert client.compute(d.sum()).result() == 4096 * 64
+    assert len(d.__dask_graph__().layers) == 1
+    del d
+    gc.collect()
+    assert not os.path.exists(path)  # held by the dask array, not for ever
+
+
+def test_to_dask_after_free_says_the_source_was_freed(client: Any) -> None:
+    memory.budget("1MB")
+    x = memory.array((4096, 64))
+    d = memory.to_dask(x, rows=512)
+    memory.free(x)
+    with pytest.raises(ChunkError, match="source file .* is gone: the array was freed"):
+        client.compute(d.sum()).result()
 
 
 def test_output_file_itself_is_right_under_a_process_cluster(client: Any) -> None:
@@ -319,6 +600,33 @@ def test_in_a_1gib_group_workers_get_at_most_half_and_1_5gib_completes(memcg: An
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(result["limits"]) == 2 and max(result["limits"]) <= GiB // 2
     assert result["total"] == 3.0 * result["n"] and kills == 0
+
+
+def test_the_dask_benchmark_runs_with_the_dask_extra_alone() -> None:
+    """``python -m benchmarks.dask_cgroup`` imported pytest, which the dask extra does not install."""
+    script = "import sys\nsys.modules['pytest'] = None\nimport benchmarks.dask_cgroup\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
+                          cwd=os.getcwd())
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("env", "config", "count"), [("3", None, 3), (None, 5, 5), ("2", 5, 2), (None, None, None)])
+def test_the_workers_sharing_the_machine_come_from_the_variable_or_the_dask_setting(
+        monkeypatch: pytest.MonkeyPatch, env: str | None, config: int | None, count: int | None) -> None:
+    import dask
+
+    if env is None:
+        monkeypatch.delenv("APSI_DASK_WORKERS", raising=False)
+    else:
+        monkeypatch.setenv("APSI_DASK_WORKERS", env)
+    with dask.config.set({"apsi-memory.workers": config}):
+        assert amd._workers_setting() == count
+
+
+def test_a_bad_worker_count_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APSI_DASK_WORKERS", "two")
+    with pytest.raises(ValueError, match="APSI_DASK_WORKERS='two': the number of dask workers"):
+        amd._workers_setting()
 
 
 # -- the extra stays optional ---------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ LIMITS_KEYS = {"usable_bytes", "free_bytes", "budget_bytes", "source", "cgroup",
                "limit_file", "working_set_bytes", "host_total_bytes", "host_available_bytes",
                "group_guessed", "cgroup_problem"}  # the last two are new in issue 10
 PRESSURE_KEYS = {"level", "free_bytes", "usable_bytes", "free_fraction", "some", "full", "psi_source",
-                 "cause", "psi_problem"}  # the last two are new in issue 10
+                 "cause", "psi_problem",  # new in issue 10
+                 "stalls_ignored"}  # new in issue 22
 
 
 def _json(command: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

@@ -7,6 +7,7 @@ disabled (``psi=0``: the file exists, reads fail with EOPNOTSUPP) is "not availa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ class Psi:
     some: float  # avg10, percent
     full: float | None  # avg10, percent; None where the kernel has no "full" line
     source: str
+    host_wide: bool = False  # every group's stalls: /proc/pressure/memory, or the v2 root group's file
 
 
 def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
@@ -49,5 +51,12 @@ def read_psi(source: KernelFiles, layout: Layout) -> Psi | None:
     for path in ([os.path.join(group, "memory.pressure")] if group else []) + [SYSTEM_PSI]:
         text = source.read(path)
         if text is not None:
-            return parse_psi(text, path)
+            return dataclasses.replace(parse_psi(text, path), host_wide=path == SYSTEM_PSI or _root_on_hybrid(layout))
     return None
+
+
+def _root_on_hybrid(layout: Layout) -> bool:
+    """A hybrid host (memory on v1) whose process sits in the v2 root group (``0::/``, systemd's default for
+    services): that group's ``memory.pressure`` is the whole host's."""
+    v2 = layout.locate(2)
+    return layout.locate(1) is not None and v2 is not None and v2.entry.path == "/"

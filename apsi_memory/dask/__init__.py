@@ -27,15 +27,18 @@ pause fraction of the limit).
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
 import os
+import pickle
 from typing import Any
 
 from ..errors import ArgumentError, ArgumentTypeError, MissingExtraError
 
 try:
     import dask
-    from distributed import LocalCluster, Nanny
+    from distributed import LocalCluster, Nanny, Worker
     from distributed.core import Status
     from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 except ImportError as exc:  # pragma: no cover - the extra is missing
@@ -43,33 +46,139 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
                             "(in a checkout: pip install '.[dask]')") from exc
 
 from .. import decide
-from ..decide import DASK_PAUSE_FRACTION, Level, chunk_bytes, ram_tier_limit
+from ..adapters.dask_workers import dask_workers_in_group, family
+from ..decide import DASK_PAUSE_FRACTION, Level, chunk_bytes, ram_tier_limit, worker_pause_cause
 from ..machinery import machine
+from ..units import fmt_size
 from ..watch import relieve
 from .blocks import map_on_cluster, to_dask
 
-__all__ = ["MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup", "map_on_cluster",
-           "to_dask", "worker_memory_limit"]
+__all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
+           "follow_limit", "map_on_cluster", "to_dask", "worker_memory_limit"]
 
 WORKERS_ENV = "APSI_DASK_WORKERS"  # how many workers share this machine, for dask_setup (default: its nannies)
-logger = logging.getLogger(__name__)
+# Under "distributed": its logging setup (INFO, to stderr) shows these lines in worker and cluster logs; ours alone
+# would need the caller to configure logging, and the limit line never appeared.
+logger = logging.getLogger("distributed.apsi_memory")
 
 
-def worker_memory_limit(n_workers: int, nthreads: int = 1) -> int:
+def worker_memory_limit(n_workers: int, nthreads: int = 1,
+                        outside_bytes: int = decide.DASK_OUTSIDE_WORKERS_BYTES) -> int:
     """Bytes per worker when ``n_workers`` share the memory this process has (``decide.worker_memory_limit``)."""
-    return decide.worker_memory_limit(machine().limits().usable_bytes, n_workers, nthreads)
+    return decide.worker_memory_limit(machine().limits().usable_bytes, n_workers, nthreads, outside_bytes)
 
 
 def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any) -> Any:
-    """A ``distributed.LocalCluster`` whose workers have the right memory limit and run ``PressurePlugin``.
-    ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold that
-    many. Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule)."""
+    """A ``distributed.LocalCluster`` whose workers have the right memory limit and run ``PressurePlugin``, and whose
+    dask settings follow that limit (``decide.dask_settings``: array chunk size, p2p buffers, rechunk method; set
+    here and on the workers, except any the caller set to a value other than dask's default). ``scale`` and
+    ``adapt`` share the memory again between the new number of workers. ``n_workers=None``: one per core
+    (``threads_per_worker`` cores each), fewer if memory cannot hold that many. Other keywords go to
+    ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on ``scale``)."""
     if n_workers is None:
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
-    kw.setdefault("memory_limit", worker_memory_limit(n_workers, threads_per_worker))
-    kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())
+    fixed = kw.get("memory_limit")
+    limit = _limit_bytes(fixed) if fixed is not None else worker_memory_limit(n_workers, threads_per_worker)
+    kw["memory_limit"] = limit
+    kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
+    follow_limit(limit, threads_per_worker)
     with dask.config.set({"distributed.worker.memory.pause": False}):  # PressurePlugin pauses: dask would undo it
-        return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
+        made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
+    made.fixed_limit = fixed is not None
+    return made
+
+
+def _limit_bytes(limit: str | float, nthreads: int = 1) -> int:
+    """A ``memory_limit`` as dask reads it (``"auto"``: its share of what dask thinks the machine has)."""
+    from distributed.worker_memory import parse_memory_limit
+
+    return int(parse_memory_limit(limit, nthreads, logger=logger) or 0)
+
+
+def _dask_chose(limit: int, nthreads: int) -> bool:
+    """Whether ``limit`` is one dask picks itself: ``dask worker``'s ``auto`` (the host's share for ``nthreads``),
+    or a ``LocalCluster``'s host split between its workers. Anything else was given with ``--memory-limit``."""
+    from distributed.system import MEMORY_LIMIT
+
+    split = {int(MEMORY_LIMIT * min(1, 1 / n)) for n in range(1, 257)}  # LocalCluster's "auto" for n workers
+    return limit == _limit_bytes("auto", nthreads) or limit in split
+
+
+def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
+    """Set (in this process's ``dask.config``, which nannies hand to the workers they start) and return
+    ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
+    ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
+    defaults = dask.config.merge(*dask.config.defaults)
+    settings = {key: value for key, value in decide.dask_settings(limit, nthreads).items()
+                if _ours_to_set(key, defaults)}
+    dask.config.set(settings)
+    _settings_made.update(settings)
+    logger.info("apsi_memory: dask settings for a %s worker: %s", fmt_size(limit), settings)
+    return settings
+
+
+def _ours_to_set(key: str, defaults: dict[str, Any]) -> bool:
+    current = dask.config.get(key, default=None)
+    return current is None or current == dask.config.get(key, default=None, config=defaults) \
+        or current == _settings_made.get(key)
+
+
+_settings_made: dict[str, Any] = {}  # what follow_limit set last: a later cluster or scale may change it again
+
+
+class MemoryCluster(LocalCluster):
+    """``cluster()``'s ``LocalCluster``: ``scale(n)`` (and ``adapt``, which scales) gives every worker, running or
+    new, ``worker_memory_limit(n)`` and the dask settings that follow from it."""
+
+    fixed_limit = False
+    _sharing: asyncio.Future[None] | None = None  # the last share started from the event loop, kept till done
+
+    def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
+        if memory is None and cores is None and n >= 1 and not self.fixed_limit:
+            self.share_between(n)
+        return super().scale(n, memory=memory, cores=cores)
+
+    def share_between(self, n: int) -> int:
+        """Set ``worker_memory_limit(n)`` for the workers to come and those running, and its dask settings."""
+        threads = self._threads_per_worker()
+        limit = worker_memory_limit(n, threads)
+        settings = follow_limit(limit, threads)
+        self.new_spec["options"]["memory_limit"] = limit  # the specs of the running workers share this dict
+        running = _running_loop()
+        if running is not None and running is self.loop.asyncio_loop:  # adapt() scales from the cluster's loop
+            self._sharing = asyncio.ensure_future(self._share(limit, settings))
+        else:
+            self.sync(self._share, limit, settings)
+        logger.info("apsi_memory: worker memory limit %s (%d workers)", fmt_size(limit), n)
+        return limit
+
+    async def _share(self, limit: int, settings: dict[str, int | str]) -> None:
+        for state in self.scheduler.workers.values():
+            state.memory_limit = limit  # what the scheduler plans with
+        for nanny in self.workers.values():
+            if isinstance(nanny, Nanny):
+                _set_nanny_limit(nanny, limit)
+        if self.scheduler.workers:
+            await self.scheduler.broadcast(msg={"op": "run", "function": pickle.dumps(_worker_follows),
+                                                "args": pickle.dumps((limit, settings))}, on_error="ignore")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _worker_follows(limit: int, settings: dict[str, int | str], dask_worker: Any) -> None:
+    """On a running worker: the new limit, and the p2p buffers (read once when the worker started) with it."""
+    dask.config.set(settings)
+    dask_worker.memory_manager.memory_limit = limit
+    shuffle = dask_worker.extensions.get("shuffle")
+    for key, limiter in (("distributed.p2p.comm.buffer", "memory_limiter_comms"),
+                         ("distributed.p2p.storage.buffer", "memory_limiter_disk")):
+        if shuffle is not None and key in settings and hasattr(shuffle, limiter):
+            getattr(shuffle, limiter).limit = settings[key]
 
 
 def _workers_that_fit(wanted: int, nthreads: int) -> int:
@@ -100,32 +209,89 @@ class MemoryLimitPlugin(NannyPlugin):
 
 def set_limit(nanny: Any, n_workers: int) -> int:
     limit = worker_memory_limit(n_workers, nanny.nthreads)
-    nanny.memory_manager.memory_limit = limit
-    if nanny.process is not None:  # a restart reuses the worker process's arguments
-        nanny.process.worker_kwargs["memory_limit"] = limit
-    logger.info("apsi_memory: worker memory limit %d MiB (%d workers on this machine)", limit >> 20, n_workers)
+    _set_nanny_limit(nanny, limit)
+    logger.info("apsi_memory: worker memory limit %s (%d workers on this machine)", fmt_size(limit), n_workers)
     return limit
 
 
-def dask_setup(nanny: Any) -> None:
-    """``dask worker --preload-nanny apsi_memory.dask``: the right limit before the worker starts, and
-    ``PressurePlugin`` on it (which switches dask's own pausing off). The machine's workers are the nannies of
-    this process serving the same scheduler (``dask worker --nworkers``), or ``APSI_DASK_WORKERS`` when several
-    ``dask worker`` processes share the machine."""
-    if not isinstance(nanny, Nanny):
-        raise ArgumentTypeError("apsi_memory.dask is a nanny preload: use --preload-nanny, not --preload")
-    count = workers_from_env()
-    set_limit(nanny, _nannies_here(nanny) if count is None else count)
+def _set_nanny_limit(nanny: Any, limit: int) -> None:
+    nanny.memory_manager.memory_limit = limit
+    nanny.worker_kwargs["memory_limit"] = limit
+    if nanny.process is not None:  # a restart reuses the worker process's arguments
+        nanny.process.worker_kwargs["memory_limit"] = limit
+
+
+def dask_setup(server: Any) -> Any:
+    """``dask worker --preload-nanny apsi_memory.dask`` (or ``--preload``): the right limit before the worker
+    registers, and ``PressurePlugin`` on it (which switches dask's own pausing off). An explicit
+    ``--memory-limit`` is kept (with a WARNING when it is more than the group's share). The workers sharing the
+    machine are ``APSI_DASK_WORKERS`` (or the ``apsi-memory.workers`` dask setting) when set, else the most of this
+    process's nannies serving the same scheduler and the workers of the ``dask worker`` processes in this cgroup
+    (``adapters.dask_workers``). Where no scheduler runs in this process (a worker-only pod) the memory kept
+    outside the workers is ``DASK_WORKER_PROCESS_BYTES`` per ``dask worker`` process, not the client's 256 MiB."""
+    if isinstance(server, Nanny):
+        return _setup_nanny(server)
+    if isinstance(server, Worker):
+        return _setup_worker(server)
+    raise ArgumentTypeError(f"apsi_memory.dask preloads into a dask worker or nanny, not a {type(server).__name__}: "
+                            "use dask worker --preload-nanny apsi_memory.dask")
+
+
+def _setup_nanny(nanny: Any) -> None:
+    limit = _chosen_limit(nanny.memory_manager.memory_limit, nanny.nthreads, _nannies_here(nanny),
+                          worker_only=not _schedulers_here())
+    _set_nanny_limit(nanny, limit)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
 
 
+def _setup_worker(worker: Any) -> Any:
+    if any(isinstance(p, PressurePlugin) for p in (*worker._pending_plugins, *worker.plugins.values())):
+        return None  # the nanny preload did it already
+    start = family(machine().root)
+    limit = _chosen_limit(worker.memory_manager.memory_limit, worker.state.nthreads, start.spawned,
+                          worker_only=start.worker_only)
+    worker.memory_manager.memory_limit = limit
+    fraction = dask.config.get("distributed.worker.memory.transfer")
+    if fraction is not False:
+        worker.state.transfer_incoming_bytes_limit = int(limit * fraction)
+    return worker.plugin_add(PressurePlugin())  # a coroutine: the preload awaits it before the worker registers
+
+
+def _chosen_limit(current: int | None, nthreads: int, here: int, worker_only: bool) -> int:
+    """The limit a worker starts with: the one given with ``--memory-limit``, else its share of this machine
+    between ``here`` workers (this ``dask worker``'s) or those of every ``dask worker`` in the group, if more."""
+    processes = dask_workers_in_group(machine().root)
+    count = workers_from_env() or max(here, sum(processes), 1)
+    outside = decide.DASK_WORKER_PROCESS_BYTES * max(1, len(processes)) if worker_only else \
+        decide.DASK_OUTSIDE_WORKERS_BYTES
+    share = worker_memory_limit(count, nthreads, outside)
+    if current is not None and not _dask_chose(current, nthreads):
+        if current > share:
+            logger.warning("apsi_memory: --memory-limit %s kept, but it is more than this worker's share of "
+                           "the memory here (%s: %d workers); the kernel may kill it first",
+                           fmt_size(current), fmt_size(share), count)
+        return current
+    logger.info("apsi_memory: worker memory limit %s (%d workers on this machine)", fmt_size(share), count)
+    return share
+
+
 def workers_from_env() -> int | None:
-    """``APSI_DASK_WORKERS``: a whole number of at least 1, or ``None`` where it is unset or empty."""
-    from_env = os.environ.get(WORKERS_ENV, "")
-    if from_env and not (from_env.isascii() and from_env.isdigit() and int(from_env) >= 1):
-        raise ArgumentError(f"{WORKERS_ENV}={from_env!r}: the number of workers on this machine, a whole number of "
-                            "at least 1")
-    return int(from_env) if from_env else None
+    """``APSI_DASK_WORKERS``, else the dask setting ``apsi-memory.workers`` (``DASK_APSI_MEMORY__WORKERS``)."""
+    for name, value in ((WORKERS_ENV, os.environ.get(WORKERS_ENV)),
+                        ("apsi-memory.workers", dask.config.get("apsi-memory.workers", default=None))):
+        if value in (None, ""):
+            continue
+        text = str(value)
+        if not (text.isascii() and text.isdigit() and int(text) >= 1):
+            raise ArgumentError(f"{name}={value!r}: the number of dask workers on this machine, a whole number")
+        return int(text)
+    return None
+
+
+def _schedulers_here() -> list[Any]:
+    from distributed import Scheduler
+
+    return [scheduler for scheduler in list(Scheduler._instances) if scheduler.status != Status.closed]
 
 
 def _nannies_here(nanny: Any) -> int:
@@ -137,8 +303,10 @@ class PressurePlugin(WorkerPlugin):
     """Every ``every`` seconds: pause the worker when the pressure level reaches ``level`` or its RSS reaches
     ``pause`` × its limit; at ``high`` spill half of what its ``SpillBuffer`` holds in RAM (all of it at
     ``critical``, via the public ``evict()``); at ``critical`` also ``memory.relieve()``; resume once the level is
-    back at ``ok`` and RSS is under the pause fraction. Each change is logged with ``worker.log_event`` under the
-    topic ``apsi-pressure``."""
+    under ``level`` again (its own hysteresis) and RSS 10 points under the pause fraction
+    (``decide.worker_pause_cause``: never "back at ok", which memory held outside the workers can keep from them).
+    Each change is logged with ``worker.log_event`` under the topic ``apsi-pressure``, and each pause and resume
+    as a WARNING (logger ``distributed.apsi_memory``) naming its cause."""
 
     name = "apsi-pressure"
     topic = "apsi-pressure"
@@ -152,9 +320,12 @@ class PressurePlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         from tornado.ioloop import PeriodicCallback  # distributed's own event loop
 
-        self.worker = worker
+        # One instance may be handed to several workers of one process (LocalCluster(processes=False)): each gets
+        # a copy of its own, or the last worker's state would be the only one kept and checked.
+        own = copy.copy(self)
+        own.worker, worker.plugins[self.name] = worker, own
         worker.memory_manager.memory_pause_fraction = False  # we pause: dask's rule would un-pause
-        callback = PeriodicCallback(self.check, self.every * 1000)
+        callback = PeriodicCallback(own.check, self.every * 1000)
         worker.periodic_callbacks[self.name] = callback
         callback.start()
 
@@ -166,8 +337,7 @@ class PressurePlugin(WorkerPlugin):
     def check(self) -> None:
         level = machine().pressure().level
         rss = int(self.worker.monitor.get_process_memory())
-        limit = self.worker.memory_manager.memory_limit
-        over = bool(limit) and rss >= self.pause * limit
+        limit = self.worker.memory_manager.memory_limit or 0
         if level != self.seen:
             self._log("level", level, rss)
             self.seen = level
@@ -176,14 +346,18 @@ class PressurePlugin(WorkerPlugin):
         if level >= Level.CRITICAL:
             relieve()
             self._log("relieve", level, rss)
-        if (level >= self.level or over) and self.worker.status == Status.running:
+        cause = worker_pause_cause(level, rss, limit, self.paused_here, self.level, self.pause)
+        if cause and self.worker.status == Status.running:
             self.worker.status = Status.paused
             self.paused_here = True
             self._log("pause", level, rss)
-        elif self.paused_here and level == Level.OK and not over and self.worker.status == Status.paused:
+            logger.warning("apsi_memory: worker %s paused: %s", self.worker.address, cause)
+        elif self.paused_here and not cause and self.worker.status == Status.paused:
             self.worker.status = Status.running
             self.paused_here = False
             self._log("resume", level, rss)
+            logger.warning("apsi_memory: worker %s resumed: pressure %s, worker memory %s of its limit",
+                           self.worker.address, level, f"{rss / limit:.0%}" if limit else "unlimited")
 
     def _spill(self, level: Level, rss: int) -> None:
         data = self.worker.data

@@ -20,14 +20,15 @@ client=client)``: the blocks are read here and scattered one at a time; write re
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from .. import arrays, spill
-from ..blocks import block_spans, rows_per_block
+from ..blocks import DEFAULT_BLOCK_BYTES, block_spans, rows_per_block
+from ..decide import cluster_blocks_in_flight
 from ..errors import BlockError, ChunkError
 from ..pages import BlockPages, file_region, row_extent
 from ..progress import progress_bar
@@ -45,6 +46,7 @@ class FileRows:
     offset: int
     dtype: np.dtype
     shape: tuple[int, ...]
+    fortran: bool = False  # the caller's array was F-ordered: fn gets its blocks in that layout too (see _compute)
 
     @property
     def row_bytes(self) -> int:
@@ -63,7 +65,8 @@ def rows_in_file(x: object) -> FileRows | None:
     """Where ``x``'s rows lie in a file, when they lie one after another in one; ``None`` otherwise."""
     source = resolve_source(x)
     if source.npy is not None:
-        return FileRows(source.npy.path, source.npy.data_offset, source.npy.dtype, source.npy.shape)
+        # Absolute: a worker resolves a relative path in its own folder, and read another file (or none).
+        return FileRows(os.path.abspath(source.npy.path), source.npy.data_offset, source.npy.dtype, source.npy.shape)
     array = source.open()
     region = file_region(array)
     # A private mapping (np.memmap mode "c") may hold changes the file does not; a deleted file cannot be opened.
@@ -87,7 +90,32 @@ def _spill_copy(array: np.ndarray, spans: Spans) -> FileRows:
         raise
     finally:
         pages.close()
-    return FileRows(str(copy.filename), copy.offset, array.dtype, array.shape)
+    fortran = array.ndim > 1 and array.flags.f_contiguous and not array.flags.c_contiguous
+    return FileRows(str(copy.filename), copy.offset, array.dtype, array.shape, fortran)
+
+
+class EvenSpans(Sequence[tuple[int, int]]):
+    """``block_spans(n_rows, rows)`` as two numbers: what every task carries (a list of all the spans made each
+    task's arguments grow with the block count, and the whole run with its square)."""
+
+    def __init__(self, n_rows: int, rows: int) -> None:
+        self.n_rows, self.rows = n_rows, max(1, rows)
+        self.starts = range(0, max(1, n_rows), self.rows)  # an empty input is one empty block, as locally
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, int]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[int, int]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[int, int] | Sequence[tuple[int, int]]:
+        if isinstance(index, slice):
+            return [(start, min(start + self.rows, self.n_rows)) for start in self.starts[index]]
+        start = self.starts[index]  # range raises the IndexError that ends iteration
+        return start, min(start + self.rows, self.n_rows)
 
 
 # -- on the workers ------------------------------------------------------------------------------------------------
@@ -100,7 +128,7 @@ def first_block(fn: Fn, rows: FileRows, spans: Spans) -> np.ndarray:
 def write_block(fn: Fn, rows: FileRows, out: FileRows, spans: Spans, index: int) -> int:
     start, stop = spans[index]
     target = out.open(start, stop, mode="r+")
-    pages = BlockPages(target, [(0, stop - start)])
+    pages = _pages(target)
     try:
         pages.note(stop - start)
         result = _compute(fn, rows, spans, index)
@@ -119,16 +147,42 @@ def _compute(fn: Fn, rows: FileRows, spans: Spans, index: int) -> np.ndarray:
     messages are the same; only the block's pages are read, then released)."""
     start, stop = spans[index]
     array = rows.open()
-    pages = BlockPages(array[start:stop], [(0, stop - start)])
+    pages = _pages(array[start:stop])
+    # An F-ordered input was copied C-ordered; fn gets its block F-ordered again, as the local map passes it, so
+    # that reductions add in the same order and the bytes are the same.
+    layout: Fn = (lambda block: fn(np.asfortranarray(block))) if rows.fortran else fn
     try:
         pages.read_ahead(0, stop - start)
-        return result_of(fn, array, spans, index)
+        return result_of(layout, array, spans, index)
     except BlockError as exc:
         exc.cause = exc.__cause__  # type: ignore[attr-defined]  # pickled with the error: see restore_cause
         raise
     finally:
         pages.finished(0)
         pages.close()
+
+
+# Under this a block's pages are left to the kernel: finding its mapping (``/proc/self/maps``) cost 3 ms, twice
+# per block, more than reading the block, and a task's mappings go when it ends.
+PAGED_BLOCK_BYTES = 1 << 20
+
+
+class _NoPages:
+    def read_ahead(self, start_row: int, stop_row: int) -> None:
+        pass
+
+    def note(self, stop_row: int) -> None:
+        pass
+
+    def finished(self, index: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _pages(block: np.ndarray) -> BlockPages | _NoPages:
+    return BlockPages(block, [(0, len(block))]) if block.nbytes >= PAGED_BLOCK_BYTES else _NoPages()
 
 
 def restore_cause(exc: BaseException) -> None:
@@ -142,16 +196,18 @@ def restore_cause(exc: BaseException) -> None:
 def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, rows: int | None = None,
                    workers: int | None = None, *, progress: bool = False) -> np.ndarray:
     """``memory.map(fn, x, rows, workers, engine=client)``: see the module docstring. ``workers`` (default: the
-    cluster's threads) sets how many blocks are in flight, two each, and the default ``rows`` as locally."""
+    cluster's threads) sets the default ``rows`` as locally, and how many blocks are in flight: two each, more
+    while they hold under 32 MiB of input together (``decide.cluster_blocks_in_flight``)."""
     source = resolve_source(x)
     threads = workers if workers is not None else sum(client.nthreads().values())
     block_rows = rows_per_block(source.row_bytes(), rows, max(1, threads) * BLOCKS_PER_WORKER)
     array = source.open()
-    spans = block_spans(len(array), block_rows) or [(0, 0)]
+    spans = EvenSpans(len(array), block_rows)
     found = rows_in_file(x) if len(array) else FileRows("", 0, array.dtype, array.shape)
     inputs = found if found is not None else _spill_copy(array, spans)
+    in_flight = cluster_blocks_in_flight(threads, block_rows * source.row_bytes(), DEFAULT_BLOCK_BYTES)
     try:
-        return _run(client, fn, inputs, spans, max(1, threads) * BLOCKS_PER_WORKER, progress)
+        return _run(client, fn, inputs, spans, in_flight, progress)
     finally:
         if found is None:
             spill.delete(inputs.path)
@@ -166,30 +222,61 @@ def _run(client: Any, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, pr
     why = "SSD: the output of map on a dask cluster (its workers write it by path)"
     out = arrays.array(shape, first.dtype) if len(spans) == 1 else arrays._spilled(shape, first.dtype, why)
     bar = progress_bar(progress, inputs.shape[0], "map")
+    live: dict[int, Any] = {}  # the blocks handed out and not finished: only these futures are kept
     try:
         out[:spans[0][1]] = first
         bar.update(spans[0][1])
         if len(spans) > 1:
             target = FileRows(str(out.filename), out.offset, out.dtype, out.shape)  # type: ignore[attr-defined]
 
-            def submit(index: int) -> Any:
-                return client.submit(write_block, fn, inputs, target, spans, index, pure=False)
+            def submit(index: int) -> _Block:
+                live[index] = client.submit(write_block, fn, inputs, target, spans, index, pure=False)
+                return _Block(live[index], index)
 
-            def wait_for(futures: set[Any], when: str) -> tuple[set[Any], set[Any]]:
-                done, running = wait(futures, return_when=when)
-                return set(done), set(running)
+            def wait_for(blocks: set[_Block], when: str) -> tuple[set[_Block], set[_Block]]:
+                wait([block.future for block in blocks], return_when=when)
+                finished = {block for block in blocks if block.future.done()}
+                return finished, blocks - finished
 
             def done(index: int) -> None:
+                del live[index]
                 bar.update(spans[index][1] - spans[index][0])
 
             run_in_order(len(spans), in_flight, submit, wait_for, done, Stop(len(spans)), lambda: None, start=1)
     except BaseException as exc:
-        arrays.free(out)
+        _abandon(client, live.values(), out)
         restore_cause(exc)
         raise
     finally:
         bar.close()
     return out
+
+
+class _Block:
+    """A block's future for ``run_in_order``, answering from what this process already knows once it is done:
+    ``exception()`` and ``result()`` of a ``distributed.Future`` each ask the event loop, two more round trips per
+    block that tripled the time of a map of small blocks."""
+
+    def __init__(self, future: Any, index: int) -> None:
+        self.future, self.index = future, index
+
+    def exception(self) -> BaseException | None:
+        return None if self.future.status == "finished" else self.future.exception()
+
+    def result(self) -> int:
+        return self.index if self.future.status == "finished" else int(self.future.result())
+
+
+def _abandon(client: Any, futures: Iterable[Any], out: np.ndarray) -> None:
+    """Free the output of a run that stopped (an error, Ctrl-C) while blocks may still run. Freeing truncates a
+    spill file, and a task still writing to it then died of SIGBUS with its worker (Ctrl-C killed them all); a
+    running task cannot be stopped. So the blocks not started are cancelled and the file is only unlinked first:
+    a block still running writes to a file nobody can open, whose space the kernel frees when its task ends."""
+    client.cancel(list(futures))
+    path = getattr(out, "filename", None)
+    if path is not None:
+        spill.delete(str(path))  # the file is no longer ours to truncate: free() then only drops our mapping
+    arrays.free(out)
 
 
 def _first(client: Any, fn: Fn, inputs: FileRows, spans: Spans) -> np.ndarray:
@@ -203,10 +290,12 @@ def _first(client: Any, fn: Fn, inputs: FileRows, spans: Spans) -> np.ndarray:
 
 def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, client: Any = None) -> Any:
     """``x`` as a ``dask.array`` with one chunk per ``map`` block (``rows`` rows; the default as for ``map`` on
-    one thread). A file-backed ``x`` is read by the tasks from its file by path (the graph holds no data; unlike
-    ``da.from_array``, which copies an ``np.memmap`` into RAM, dask #11850), an in-RAM one is chunked as it is.
-    With ``client``, for clusters that do not share this machine's files, the blocks are read here one at a time
-    and scattered to the workers; write results with ``to_zarr``."""
+    one thread). A file-backed ``x`` is read by the tasks from its file by path, in one graph layer (the graph holds
+    no data; unlike ``da.from_array``, which copies an ``np.memmap`` into RAM, dask #11850); the dask array holds
+    ``x`` here, so a spilled ``memory.array`` made in a function lives as long as what it returned (after
+    ``memory.free(x)`` a compute raises ``ChunkError``). An in-RAM one is chunked as it is. With ``client``, for
+    clusters that do not share this machine's files, the blocks are read here one at a time and scattered to the
+    workers; write results with ``to_zarr``."""
     import dask
     import dask.array as da
 
@@ -215,20 +304,44 @@ def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, 
     block_rows = rows_per_block(source.row_bytes(), rows)
     spans = block_spans(len(array), block_rows)
     found = rows_in_file(x) if len(array) else None
+    chunks = (block_rows, *array.shape[1:])
     if not len(array) or (client is None and found is None):
         if file_region(array) is not None:
             raise ChunkError("to_dask needs a memory-mapped array whose rows lie one after another in its file "
                              "(a scattered view would be copied into RAM); pass np.ascontiguousarray of it, or save "
                              "it with np.save and pass the path")
-        return da.from_array(array, chunks=(block_rows, *array.shape[1:]))
-    blocks = _scattered(client, array, spans) if client is not None else [
-        dask.delayed(_read_rows, pure=True)(found, start, stop) for start, stop in spans]
-    return da.concatenate([da.from_delayed(block, (stop - start, *array.shape[1:]), array.dtype)
-                           for block, (start, stop) in zip(blocks, spans)])
+        return da.from_array(array, chunks=chunks)
+    if client is not None:
+        blocks = _scattered(client, array, spans)
+        return da.concatenate([da.from_delayed(block, (stop - start, *array.shape[1:]), array.dtype)
+                               for block, (start, stop) in zip(blocks, spans)])
+    assert found is not None
+    reader = FileArray(found, keep=x)
+    return da.from_array(reader, chunks=chunks, inline_array=True, meta=np.empty((0,) * reader.ndim, reader.dtype),
+                         name=f"to_dask-{dask.base.tokenize(found, block_rows)}")
 
 
-def _read_rows(rows: FileRows, start: int, stop: int) -> np.ndarray:
-    return np.array(rows.open(start, stop))  # a copy: a memmap would keep the file mapped (and pickles whole)
+class FileArray:
+    """The rows of a file as ``da.from_array`` reads them: each task opens the file by path and copies its chunk
+    (a memmap would keep the file mapped, and pickles whole). ``keep`` (the caller's array) is held here and not
+    pickled: the graph on the client keeps a spilled source alive; tasks get only the path."""
+
+    def __init__(self, rows: FileRows, keep: object = None) -> None:
+        self.rows, self.keep = rows, keep
+        self.shape, self.dtype, self.ndim = rows.shape, rows.dtype, len(rows.shape)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        try:
+            return np.array(self.rows.open()[index])
+        except FileNotFoundError:
+            raise ChunkError(f"to_dask's source file {self.rows.path} is gone: the array was freed "
+                             "(memory.free) or its file deleted before the dask array was computed") from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return FileArray, (self.rows,)
+
+    def __dask_tokenize__(self) -> Any:
+        return self.rows
 
 
 def _scattered(client: Any, array: np.ndarray, spans: Spans) -> list[Any]:
