@@ -620,13 +620,13 @@ def test_the_workers_sharing_the_machine_come_from_the_variable_or_the_dask_sett
     else:
         monkeypatch.setenv("APSI_DASK_WORKERS", env)
     with dask.config.set({"apsi-memory.workers": config}):
-        assert amd._workers_setting() == count
+        assert amd.workers_from_env() == count
 
 
 def test_a_bad_worker_count_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("APSI_DASK_WORKERS", "two")
     with pytest.raises(ValueError, match="APSI_DASK_WORKERS='two': the number of dask workers"):
-        amd._workers_setting()
+        amd.workers_from_env()
 
 
 # -- the extra stays optional ---------------------------------------------------------------------------------------
