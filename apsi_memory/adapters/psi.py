@@ -51,3 +51,31 @@ def read_psi(source: KernelFiles, layout: Layout) -> Psi | None:
         if text is not None:
             return parse_psi(text, path)
     return None
+
+
+# -- triggers: the kernel wakes a poller when stalls pass a threshold (Linux 5.2) ------------------------------------
+
+TRIGGER_WINDOWS_US = (1_000_000, 2_000_000)  # 1 s; 2 s where only multiples of 2 s are allowed (unprivileged)
+TRIGGER_SHARE = 0.15  # of the window stalled: high's PSI "some" threshold (decide.LEVEL_TABLE)
+
+
+def trigger_line(window_us: int, share: float = TRIGGER_SHARE) -> bytes:
+    """``some 150000 1000000`` with its terminating NUL (the kernel replaces the last byte written by one)."""
+    return f"some {int(window_us * share)} {window_us}".encode() + b"\0"
+
+
+def open_trigger(path: str) -> int | None:
+    """A descriptor of ``path`` (a PSI file, already under the root) with a trigger on it, to ``poll`` for
+    ``POLLPRI``; ``None`` where the kernel or the file refuses (before 5.2, read-only, PSI disabled)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    for window in TRIGGER_WINDOWS_US:
+        try:
+            os.write(fd, trigger_line(window))
+            return fd
+        except OSError:
+            continue
+    os.close(fd)
+    return None
