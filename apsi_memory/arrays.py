@@ -12,6 +12,11 @@ What a user gets
 * Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
   still point at them (see below).
 
+Under pressure
+--------------
+A big RAM array may later move to a spill file in place, same object and address (``moving.py``, and
+docs/guides/what-moves.md): its entry then says SSD, ``moved at pressure high``, and ``free`` deletes the file.
+
 After ``free(x)``
 -----------------
 The RAM or the file's blocks are given back at once, even while views exist: the pages are replaced in place by
