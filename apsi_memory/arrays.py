@@ -248,7 +248,7 @@ def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) 
     m = machine()
     ledger = m.ledger
     _remember(_Tracked(buffer, x, Place.RAM, why, None, x.ctypes.data, len(buffer), ledger))
-    moving.watch(m)  # under pressure it may move to a spill file (moving.py)
+    moving.watch(m, ram_entries)  # under pressure it may move to a spill file (moving.py)
     ledger.add(nbytes)
     return x
 

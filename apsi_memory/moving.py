@@ -29,19 +29,46 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from . import _libc, _uffd, spill
 from ._once import fork_hooks
 from .decide import MOVE_AT, Level, Place, Relief, arrays_to_move, bytes_to_free
 
 if TYPE_CHECKING:
-    from .arrays import _Tracked
+    from .ledger import Ledger
     from .machinery import Machine
 
 log = logging.getLogger("apsi_memory.reactions")
 PIECE_BYTES = 64 << 20  # moved under write protection at a time: writers elsewhere in the array never wait
 lock = threading.RLock()  # one move at a time; free() waits for it
+
+
+class Movable(Protocol):
+    """What a move reads and updates of an array's entry (``arrays._Tracked``); calling it gives the owner of the
+    memory, or ``None`` once collected."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    address: int
+    length: int
+    place: Place
+    path: str | None
+    why: str
+    note: str
+    freed: bool
+    ledger: Ledger | None
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def __call__(self) -> Any: ...
+
+
+Entries = Callable[["Ledger"], Sequence[Movable]]  # a machine's live big RAM arrays (arrays.ram_entries)
 
 
 class Moves:
@@ -65,8 +92,9 @@ class Mover:
 
     relief = Relief.ARRAYS
 
-    def __init__(self, machine: Machine) -> None:
+    def __init__(self, machine: Machine, entries: Entries) -> None:
         self._machine = weakref.ref(machine)
+        self._entries = entries
 
     def on_level(self, level: Level) -> None:
         """Nothing: ``on_reading`` hears every reading, this change included, after the pools and stores acted."""
@@ -74,7 +102,7 @@ class Mover:
     def on_reading(self, level: Level) -> None:
         machine = self._machine()
         if level >= MOVE_AT and machine is not None:
-            relieve(machine, level)
+            relieve(machine, level, self._entries)
 
     def relieve(self) -> None:
         """``memory.relieve()`` gives caches back; an array is not a cache, so nothing moves for it."""
@@ -83,19 +111,17 @@ class Mover:
 _movers: weakref.WeakKeyDictionary[Any, Mover] = weakref.WeakKeyDictionary()
 
 
-def watch(machine: Machine) -> None:
+def watch(machine: Machine, entries: Entries) -> None:
     """Make sure ``machine``'s components include a mover (the first big RAM array on a machine calls this)."""
     if machine not in _movers:
         set_up_fork()
-        mover = _movers.setdefault(machine, Mover(machine))
+        mover = _movers.setdefault(machine, Mover(machine, entries))
         machine.components.register(mover)
 
 
-def relieve(machine: Machine, level: Level) -> int:
-    """Move as many RAM arrays as the reading says are needed; returns how many moved. A move already under way in
-    another thread is not waited for."""
-    from .arrays import ram_entries
-
+def relieve(machine: Machine, level: Level, ram_entries: Entries) -> int:
+    """Move as many of ``ram_entries(machine.ledger)`` as the reading says are needed; returns how many moved. A
+    move already under way in another thread is not waited for."""
     if not lock.acquire(blocking=False):
         return 0
     try:
@@ -116,7 +142,7 @@ def why_not_safe() -> str | None:
     return f"{why}, and {threading.active_count()} Python threads run (without it only a lone thread moves safely)"
 
 
-def move(entry: _Tracked, level: Level) -> bool:
+def move(entry: Movable, level: Level) -> bool:
     """Move one RAM array to a new spill file in place; whether it moved. Why it could not is kept for
     ``report()``; a full disk or failed call is logged (WARNING) and the array stays."""
     with lock:
@@ -142,7 +168,7 @@ def move(entry: _Tracked, level: Level) -> bool:
         return True
 
 
-def _move_pieces(entry: _Tracked) -> tuple[str, int]:
+def _move_pieces(entry: Movable) -> tuple[str, int]:
     """The spill file's path and how many bytes moved. A failure after the first piece leaves the array partly
     on the file (it is then an SSD array: its file must stay) and says so in ``entry.note``."""
     path, fd, offset = spill.reserve(entry.shape, entry.dtype, page_aligned=True)
@@ -180,7 +206,7 @@ def _move_piece(guard: _uffd.Guard | None, address: int, n: int, fd: int, offset
     _libc.fadvise(fd, offset, n, getattr(os, "POSIX_FADV_DONTNEED", 4))
 
 
-def _now_on_disk(entry: _Tracked, path: str, level: Level, moved: int) -> None:
+def _now_on_disk(entry: Movable, path: str, level: Level, moved: int) -> None:
     if entry.ledger is not None:
         entry.ledger.remove(entry.nbytes)
         entry.ledger = None
