@@ -12,6 +12,11 @@ What a user gets
 * Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
   still point at them (see below).
 
+Under pressure
+--------------
+A big RAM array may later move to a spill file in place, same object and address (``moving.py``, and
+docs/guides/what-moves.md): its entry then says SSD, ``moved at pressure high``, and ``free`` deletes the file.
+
 After ``free(x)``
 -----------------
 The RAM or the file's blocks are given back at once, even while views exist, and nothing is unmapped, so nothing
@@ -42,7 +47,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from . import spill
+from . import moving, spill
 from .decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from .errors import ArgumentError, ArgumentTypeError, NotFreedWarning
 from .ledger import Ledger
@@ -83,7 +88,8 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
     what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "path", "place", "shape", "why")
+    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "note", "path", "place", "shape",
+                 "why")
 
     def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
         return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
@@ -102,13 +108,15 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
         self.length = length
         self.ledger = ledger  # where a big RAM array is counted: its bytes go back there, whichever machine is in use
         self.freed = False
+        self.note = ""  # why it stayed in RAM when it could not move, or that it moved only in part (moving.py)
 
     @property
     def nbytes(self) -> int:
         return nbytes_of(self.shape, self.dtype)
 
     def record(self) -> ArrayRecord:
-        return ArrayRecord(self.shape, self.dtype, self.nbytes, self.place, self.path, self.why)
+        why = f"{self.why}; {self.note}" if self.note else self.why
+        return ArrayRecord(self.shape, self.dtype, self.nbytes, self.place, self.path, why)
 
 
 _tracked: dict[int, _Tracked] = {}  # by id(owner); entries leave when the owner is garbage-collected
@@ -208,10 +216,15 @@ def _where(nbytes: int) -> tuple[Place, str]:
     return place(nbytes, left(unwritten), level), place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
 
 
+def ram_entries(ledger: Ledger | None = None) -> list[_Tracked]:
+    """The live big RAM arrays (those that can move), oldest first; with ``ledger``, those of that machine."""
+    return [e for e in list(_tracked.values())
+            if e.place is Place.RAM and e.length and not e.freed and (ledger is None or e.ledger is ledger)]
+
+
 def _resident_in_ram() -> int:
     """Bytes of our live RAM arrays that are in memory (written at least once)."""
-    entries = [e for e in list(_tracked.values()) if e.place is Place.RAM and e.length and not e.freed]
-    return sum(spill.resident(e.address, e.length) for e in entries)
+    return sum(spill.resident(e.address, e.length) for e in ram_entries())
 
 
 _SMALL_WHY = place_reason(0, 0, 0, Level.OK)
@@ -237,8 +250,10 @@ def anonymous_memory(nbytes: int) -> mmap.mmap:
 def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) -> np.ndarray:
     buffer = anonymous_memory(nbytes)
     x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
-    ledger = machine().ledger
+    m = machine()
+    ledger = m.ledger
     _remember(_Tracked(buffer, x, Place.RAM, why, None, x.ctypes.data, len(buffer), ledger))
+    moving.watch(m, ram_entries)  # under pressure it may move to a spill file (moving.py)
     ledger.add(nbytes)
     return x
 
@@ -267,6 +282,11 @@ def _forget(entry: _Tracked) -> None:
 def _give_back(entry: _Tracked, release: bool) -> None:
     if entry.length == 0:
         return  # a small array: NumPy's allocation, not in the ledger (see _small)
+    with moving.lock:  # not in the middle of a move: after it, the array is where the entry says
+        _give_back_now(entry, release)
+
+
+def _give_back_now(entry: _Tracked, release: bool) -> None:
     if entry.place is Place.RAM:
         if entry.ledger is not None:
             entry.ledger.remove(entry.nbytes)

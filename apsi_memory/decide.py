@@ -27,8 +27,9 @@ threshold does not flap between two levels on every allocation.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import ArgumentError
 from .units import fmt_size, in_one_unit
@@ -473,3 +474,51 @@ def cluster_blocks_in_flight(threads: int, block_bytes: int, in_flight_bytes: in
     ``in_flight_bytes`` holds more of them (never over ``CLUSTER_MAX_IN_FLIGHT``)."""
     fits = in_flight_bytes // max(1, block_bytes)
     return max(2 * max(1, threads), min(CLUSTER_MAX_IN_FLIGHT, fits))
+
+
+# -- relief: what gives RAM back, in which order, and which arrays move -------------------------------------------
+
+class Relief(enum.IntEnum):
+    """Who gives RAM back when the level rises, in order: what costs least to lose goes first. A pool's spare
+    buffers are only a cache of empty memory; a store's RAM tier has its copy on the SSD; a RAM array moved to a
+    spill file keeps every byte but is then read and written through the page cache."""
+
+    SPARES = 0
+    RAM_TIER = 1
+    ARRAYS = 2
+
+
+# Arrays move at ``high``, not ``critical``: at critical 5 % of usable memory is left (100 MB of 2 GB), less than a
+# neighbour growing at NumPy's speed takes before a move of hundreds of MB is done; see docs/guides/what-moves.md.
+MOVE_AT = Level.HIGH
+
+_T = TypeVar("_T")
+
+
+def in_relief_order(components: Sequence[_T], stage: Callable[[_T], Relief]) -> list[_T]:
+    """``components`` in the order they are told of a level: pools, then stores, then arrays (stable within one
+    stage), so arrays move only for what the others could not give back."""
+    return sorted(components, key=stage)
+
+
+def bytes_to_free(free_bytes: int, usable_bytes: int) -> int:
+    """How much must move for the reading to leave ``high`` (free above its ``leave_free``, 25 % of usable);
+    0 when that already holds: a level raised by stalls alone with memory free is not fixed by moving arrays."""
+    target = int(LEVEL_TABLE[Level.HIGH].leave_free * max(0, usable_bytes)) + 1
+    return max(0, target - max(0, free_bytes))
+
+
+def arrays_to_move(sizes: Sequence[tuple[_T, int]], need_bytes: int) -> list[_T]:
+    """Which arrays (``(key, nbytes)``, oldest first) to move so that at least ``need_bytes`` leave RAM, moving
+    few bytes: the smallest array that alone covers what is still needed, else the largest, and again until the
+    need is covered or nothing is left. (Least recently used cannot be known without scanning page tables; bytes
+    moved is what a move costs.)"""
+    left = list(sizes)
+    chosen: list[_T] = []
+    while need_bytes > 0 and left:
+        covering = [item for item in left if item[1] >= need_bytes]
+        pick = min(covering, key=lambda item: item[1]) if covering else max(left, key=lambda item: item[1])
+        left.remove(pick)
+        chosen.append(pick[0])
+        need_bytes -= pick[1]
+    return chosen

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .adapters.clock import Clock
-from .decide import Level, ram_tier_limit
+from .decide import Level, Relief, in_relief_order, ram_tier_limit
 
 # Documented logger names (README, "What it logs"): level changes, and what each component did about one.
 level_log = logging.getLogger("apsi_memory.pressure")
@@ -53,8 +53,10 @@ class Components:
 
     def notify(self, level: Level, previous: Level = Level.OK) -> None:
         """Tell every component the new level; at ``critical`` also collect garbage (the SPEC's last resort). What a
-        component does differently from the previous level is logged (INFO, ``apsi_memory.reactions``)."""
-        for component in self.all():
+        component does differently from the previous level is logged (INFO, ``apsi_memory.reactions``). Pools hear
+        first, then stores, then the arrays' mover (``decide.in_relief_order``), so arrays move only for what the
+        others could not give back."""
+        for component in in_relief_order(self.all(), relief_stage):
             component.on_level(level)
             taken = reaction(component, level)
             if taken is not None and taken != reaction(component, previous):
@@ -65,6 +67,20 @@ class Components:
     def relieve(self) -> None:
         for component in self.all():
             component.relieve()
+
+    def hear(self, level: Level) -> None:
+        """Every published reading, changed or not, for the components that act while a level lasts (the arrays'
+        mover: memory may keep running out at ``high`` without the level changing)."""
+        for component in self.all():
+            each = getattr(component, "on_reading", None)
+            if each is not None:
+                each(level)
+
+
+def relief_stage(component: Component) -> Relief:
+    """A component's ``relief`` stage; one that names none (a store) gives back a RAM tier."""
+    stage = getattr(component, "relief", Relief.RAM_TIER)
+    return stage if isinstance(stage, Relief) else Relief.RAM_TIER
 
 
 _RAM_TIER = {2: "RAM tier back to its full size", 1: "RAM tier halved", 0: "RAM tier emptied"}
@@ -95,10 +111,11 @@ class LevelTracker:
     """
 
     def __init__(self, measure: Callable[[Level], Level], clock: Clock,
-                 announce: Callable[[Level, Level], None]) -> None:
+                 announce: Callable[[Level, Level], None], hear: Callable[[Level], None] | None = None) -> None:
         self.measure = measure
         self.clock = clock
         self.announce = announce
+        self.hear = hear  # told every published reading's level, after any announcement
         self.level = Level.OK
         self.measured_at: float | None = None
         self.measurements = 0
@@ -134,11 +151,14 @@ class LevelTracker:
         with self._lock:
             self.measurements += 1
             previous = self.level
-            changed = ticket > self._published and level != previous
-            if ticket > self._published:
+            fresh = ticket > self._published
+            changed = fresh and level != previous
+            if fresh:
                 self._published, self.level = ticket, level
         if changed:
             self._announce(level, previous)
+        if fresh and self.hear is not None:
+            self.hear(level)
         return self.level
 
     def _announce(self, level: Level, previous: Level) -> None:

@@ -42,7 +42,8 @@ class Machine:
         self.ledger = Ledger()
         self.components = Components()
         # The tracker holds the reader, not the machine: no cycle, so a dropped machine closes its files at once.
-        self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify)
+        self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify,
+                                    self.components.hear)
         self.budget_set: int | None = None  # set by budget(); None: the default
 
     @property

@@ -45,7 +45,7 @@ import numpy as np
 
 from ._once import each, fork_hooks
 from .arrays import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
-from .decide import Level
+from .decide import Level, Relief
 from .errors import PoolError
 from .machinery import machine
 from .units import byte_count, flag, fmt_size, parse_size
@@ -193,6 +193,8 @@ _hook_forks = fork_hooks(after_in_child=_after_fork_in_child)  # called when the
 
 class Pool:
     """Spare buffers for big temporaries: ``take`` one, use it, ``give`` it back."""
+
+    relief = Relief.SPARES  # the first to give RAM back when the level rises (decide.in_relief_order)
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = byte_count(max_bytes, "Pool: max_bytes")

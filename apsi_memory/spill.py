@@ -167,11 +167,25 @@ def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None
     """A zero-filled ``numpy.memmap`` backed by a new spill file with all its space reserved.
 
     Raises ``DiskFullError`` (naming the folder and its free space) when the disk cannot hold it; no file is left."""
+    path, fd, offset = reserve(shape, dtype, directory, free_bytes)
+    # Mapped through the descriptor we created, never by opening the path again.
+    with open(path, "r+b", opener=lambda _path, _flags: fd) as f:
+        return np.memmap(f, dtype=dtype, mode="r+", offset=offset, shape=shape)
+
+
+def reserve(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None,
+            free_bytes: Callable[[str], int] = disk_free, page_aligned: bool = False) -> tuple[str, int, int]:
+    """A new spill file with its space reserved: its path, open descriptor and where the data starts. With
+    ``page_aligned`` the data starts at a page boundary and the file ends at one, so it can be mapped over memory
+    (``moving``); the header is then padded with spaces, which ``numpy.load`` reads as before."""
     _set_up()
     directory = paths.private_dir(os.path.abspath(directory or paths.spill_dir()))
     reclaim_once(directory)
     header = npy_header(dtype, shape)
-    total = len(header) + math.prod(shape) * dtype.itemsize
+    data = math.prod(shape) * dtype.itemsize
+    if page_aligned:
+        header, data = padded_header(header, mmap.PAGESIZE), -(-data // mmap.PAGESIZE) * mmap.PAGESIZE
+    total = len(header) + data
     free = free_bytes(directory)
     if not fits(total, free):
         raise _disk_full(directory, total, free)
@@ -180,9 +194,19 @@ def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None
     st = os.fstat(fd)
     with _live_lock:
         _live[path] = (st.st_dev, st.st_ino)
-    # Mapped through the descriptor we created, never by opening the path again.
-    with open(path, "r+b", opener=lambda _path, _flags: fd) as f:
-        return np.memmap(f, dtype=dtype, mode="r+", offset=len(header), shape=shape)
+    return path, fd, len(header)
+
+
+def padded_header(header: bytes, multiple: int) -> bytes:
+    """An ``.npy`` header padded with spaces before its closing newline to a multiple of ``multiple`` bytes: format
+    1.0 (a 2-byte length) while that can count it, else 2.0 (4 bytes)."""
+    text = header[10 if header[6] == 1 else 12:-1]  # the dict and its padding, without the newline
+    for version, prefix in ((1, 10), (2, 12)):
+        size = -(-(prefix + len(text) + 1) // multiple) * multiple
+        body = text + b" " * (size - prefix - len(text) - 1) + b"\n"
+        if version == 2 or len(body) <= 0xFFFF:
+            break
+    return b"\x93NUMPY" + bytes([version, 0]) + len(body).to_bytes(prefix - 8, "little") + body
 
 
 def _write_reserved(path: str, header: bytes, total: int, directory: str,

@@ -7,19 +7,29 @@ to the registered components like an allocation path would, and calls ``fn`` wit
 reaches ``level`` — again every ``repeat`` seconds while it lasts, and afresh once it has dropped below and comes
 back.
 
+Where the kernel offers PSI triggers (Linux 5.2; the group's ``memory.pressure``, else ``/proc/pressure/memory``)
+and the watcher reads the machine's own clock, it also wakes as soon as tasks have stalled for memory 15 % of the
+last second (``adapters.psi.open_trigger``), so a reaction — an array moving before the kernel kills — is not up to
+``every`` seconds late; ``triggered`` counts those wake-ups.
+
 An exception raised by ``fn`` (or by a reading) goes to ``threading.excepthook`` — printed to stderr by default —
 and the watcher keeps watching.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import select
 import sys
 import threading
 from collections.abc import Callable
 
 from . import _libc
-from .adapters.clock import Clock, checked_clock
+from .adapters.clock import Clock, SystemClock, checked_clock
+from .adapters.psi import open_trigger
+from .adapters.root import under
 from .decide import Level
 from .errors import ArgumentTypeError
 from .machinery import machine
@@ -60,6 +70,11 @@ class Watcher:
                                     f"{type(read).__name__}")
         self.read = read or watched.pressure  # a reading also tells the components of a new level
         self.clock = watched.clock if clock is None else checked_clock(clock, "on_pressure: clock")
+        # Triggers wake on the real clock only, for the machine's own readings (a test's fake clock drives them).
+        self._trigger_on = watched if read is None and clock is None and isinstance(self.clock, SystemClock) else None
+        self._wake: tuple[int, int, int] | None = None  # the trigger, and a pipe stop() writes to, while polled
+        self._wake_lock = threading.Lock()
+        self.triggered = 0  # wake-ups by a PSI trigger
         self.checks = 0  # readings taken
         self.calls = 0  # calls of fn
         self._last_call: float | None = None
@@ -81,10 +96,46 @@ class Watcher:
         return call
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
-            self._check_and_report()
-            if self.clock.wait(self.every, self._stopped):
-                return
+        self._open_trigger()
+        try:
+            while not self._stopped.is_set():
+                self._check_and_report()
+                if self._wait():
+                    return
+        finally:
+            self._close_trigger()
+
+    def _open_trigger(self) -> None:
+        """A PSI trigger on the file the machine reads stalls from, and the pipe that ends a poll of it."""
+        watched = self._trigger_on
+        psi = watched.memory().psi if watched is not None else None
+        if watched is not None and psi is not None:
+            trigger = open_trigger(under(watched.root, psi.source))
+            if trigger is not None:
+                with self._wake_lock:
+                    self._wake = (trigger, *os.pipe())
+
+    def _close_trigger(self) -> None:
+        with self._wake_lock:  # stop() writes to the pipe under the lock: never to a number reused since
+            for fd in self._wake or ():
+                os.close(fd)
+            self._wake = None
+
+    def _wait(self) -> bool:
+        """Wait ``every`` seconds, or less when the trigger fires; whether the watcher was stopped. A trigger that
+        reports an error (its file went away) is closed, and the watcher waits on the clock from then on."""
+        if self._wake is None:
+            return self.clock.wait(self.every, self._stopped)
+        trigger, woken, _ = self._wake
+        poller = select.poll()
+        poller.register(trigger, select.POLLPRI)
+        poller.register(woken, select.POLLIN)
+        events = dict(poller.poll(self.every * 1000)).get(trigger, 0)
+        if events & (select.POLLERR | select.POLLNVAL):
+            self._close_trigger()
+        elif events & select.POLLPRI:
+            self.triggered += 1
+        return self._stopped.is_set()
 
     def _check_and_report(self) -> None:
         try:
@@ -96,6 +147,9 @@ class Watcher:
         """End the watcher; returns once its thread has finished (at once, unless ``fn`` is running: then at most
         ``timeout`` seconds)."""
         self._stopped.set()
+        with self._wake_lock, contextlib.suppress(OSError):
+            if self._wake is not None:
+                os.write(self._wake[2], b"x")
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 

@@ -19,11 +19,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # pure rules: no I/O, import nothing of ours but each other
     "decisions": ("decide", "units", "errors", "hashing", "blocks", "_version"),
     # the OS: kernel files, time, folders, files, libc
-    "adapters": ("adapters", "_libc", "_once", "fileio", "paths", "trust", "signing", "spill", "pages", "sources"),
+    "adapters": ("adapters", "_libc", "_uffd", "_once", "fileio", "paths", "trust", "signing", "spill", "pages", "sources"),
     # the Machine and what it keeps: root, clock, budget, ledger, level tracker, components, readings
     "machine": ("ledger", "levels", "measure", "readings", "machinery"),
     # what users call, built on machine()
-    "features": ("arrays", "pool", "watch", "store", "cached", "chunks",
+    "features": ("moving", "arrays", "pool", "watch", "store", "cached", "chunks",
                  "rowblocks", "mapping", "progress", "devices", "batch", "dask", "inventory"),
     # the public face: module-level readings, status(), the command line, the package itself
     "api": ("api", "status", "cli", "cli_files", "__init__", "__main__"),

@@ -60,3 +60,31 @@ def _root_on_hybrid(layout: Layout) -> bool:
     services): that group's ``memory.pressure`` is the whole host's."""
     v2 = layout.locate(2)
     return layout.locate(1) is not None and v2 is not None and v2.entry.path == "/"
+
+
+# -- triggers: the kernel wakes a poller when stalls pass a threshold (Linux 5.2) ------------------------------------
+
+TRIGGER_WINDOWS_US = (1_000_000, 2_000_000)  # 1 s; 2 s where only multiples of 2 s are allowed (unprivileged)
+TRIGGER_SHARE = 0.15  # of the window stalled: high's PSI "some" threshold (decide.LEVEL_TABLE)
+
+
+def trigger_line(window_us: int, share: float = TRIGGER_SHARE) -> bytes:
+    """``some 150000 1000000`` with its terminating NUL (the kernel replaces the last byte written by one)."""
+    return f"some {int(window_us * share)} {window_us}".encode() + b"\0"
+
+
+def open_trigger(path: str) -> int | None:
+    """A descriptor of ``path`` (a PSI file, already under the root) with a trigger on it, to ``poll`` for
+    ``POLLPRI``; ``None`` where the kernel or the file refuses (before 5.2, read-only, PSI disabled)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    for window in TRIGGER_WINDOWS_US:
+        try:
+            os.write(fd, trigger_line(window))
+            return fd
+        except OSError:
+            continue
+    os.close(fd)
+    return None
