@@ -188,11 +188,13 @@ def _where(nbytes: int) -> tuple[Place, str]:
     looked up (one ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none
     written"."""
     m = machine()
-    level, reading = m.level_and_limits()  # the level (when due), budget and free from one reading
+    # The level (when due), budget and free from one reading; nbytes is published to the siblings first.
+    level, reading = m.level_and_limits(reserving=nbytes)
     held = m.ledger.held()
+    free = reading.free_bytes - reading.siblings_reserved_bytes  # the siblings' placed, not yet charged, arrays
 
     def left(unwritten: int) -> int:
-        return budget_left(reading.budget_bytes, held, reading.free_bytes, unwritten)
+        return budget_left(reading.budget_bytes, held, free, unwritten)
 
     if place(nbytes, left(0), level) is Place.SSD:
         unwritten = 0
@@ -200,7 +202,10 @@ def _where(nbytes: int) -> tuple[Place, str]:
         unwritten = held
     else:
         unwritten = held - _resident_in_ram()
-    return place(nbytes, left(unwritten), level), place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
+    where = place(nbytes, left(unwritten), level)
+    if where is Place.SSD:
+        m.release(nbytes)
+    return where, place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
 
 
 def _resident_in_ram() -> int:
@@ -326,6 +331,15 @@ def on_disk(x: np.ndarray) -> bool:
     return False
 
 
-def report() -> list[ArrayRecord]:
+class Report(list[ArrayRecord]):
+    """``report()``'s list, with what the other processes of this group hold reserved
+    (``siblings_reserved_bytes``, as ``limits()``)."""
+
+    siblings_reserved_bytes = 0
+
+
+def report() -> Report:
     """One record per live ``memory.array`` (not freed, not collected), oldest first."""
-    return [entry.record() for entry in list(_tracked.values()) if not entry.freed]
+    found = Report(entry.record() for entry in list(_tracked.values()) if not entry.freed)
+    found.siblings_reserved_bytes = machine().sibling_reading().reserved_bytes
+    return found
