@@ -188,7 +188,7 @@ class _Statm:
             except OSError:
                 return None
         try:
-            words = os.pread(fd, 128, 0).split()
+            words = os.pread(fd, 128, 0).split(None, 3)
             return (int(words[1]) - int(words[2])) * _PAGE  # resident less file-backed and shared pages
         except (OSError, IndexError, ValueError):
             return None
@@ -219,11 +219,14 @@ def _unlock(fd: int, slot: int) -> None:
         fcntl.lockf(fd, fcntl.LOCK_UN, SLOT_BYTES, slot * SLOT_BYTES)
 
 
+_QUERIES = [_FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot * SLOT_BYTES, SLOT_BYTES, 0) for slot in range(SLOTS)]
+_UNLOCKED = struct.pack("=h", fcntl.F_UNLCK)
+
+
 def _alive(fd: int, at: int, record: Record) -> bool:
     """Whether the slot at ``at`` is held: its lock (Linux), else its record's process still runs."""
     if _OFD:
-        query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, at, SLOT_BYTES, 0)
-        return bool(_FLOCK.unpack(fcntl.fcntl(fd, _OFD_GETLK, query))[0] != fcntl.F_UNLCK)
+        return fcntl.fcntl(fd, _OFD_GETLK, _QUERIES[at // SLOT_BYTES])[:2] != _UNLOCKED
     from .spill import owner_alive
 
     return owner_alive(record.pid, str(record.start) if record.start else "0")
@@ -255,6 +258,7 @@ class Siblings:
         self._key: str | None = None
         self._mine = Record(self._pid, 0, 0, 0, 0)
         self._statm = _Statm()
+        self._parsed: dict[bytes, Record] = {}
         self._rss = self._given_rss or self._statm.anon_rss
 
     def _check_fork(self) -> None:
@@ -333,9 +337,14 @@ class Siblings:
         return SiblingReading(processes, active, reserved, held, ledger, tuple(ignored))
 
     def _entry(self, fd: int, data: bytes, at: int, slot: int, ignored: list[str]) -> Record | None:
-        record = parse_record(data, at)
-        if isinstance(record, str):  # perhaps caught mid-write: read that slot once more
-            record = parse_record(os.pread(fd, SLOT_BYTES, at))
+        raw = data[at:at + SLOT_BYTES]
+        record = self._parsed.get(raw)  # a record seen before, already checked: most readings change none
+        if record is None:
+            record = parse_record(raw)
+            if isinstance(record, str):  # perhaps caught mid-write: read that slot once more
+                record = parse_record(os.pread(fd, SLOT_BYTES, at))
+            elif len(self._parsed) < 4 * SLOTS:
+                self._parsed[raw] = record
         if isinstance(record, str):
             ignored.append(f"slot {slot}: {record}")
             return None
