@@ -44,6 +44,7 @@ from .decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from .errors import ArgumentError, ArgumentTypeError
 from .ledger import Ledger
 from .machinery import machine
+from .readings import Limits
 from .units import GiB
 
 log = logging.getLogger(__name__)  # "apsi_memory.arrays": one DEBUG line per big array placed, with the reason
@@ -184,13 +185,21 @@ def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_b
 
 
 def _where(nbytes: int) -> tuple[Place, str]:
-    """``place`` with the budget left, and ``place_reason``. How much of our arrays is still unwritten is only
-    looked up (one ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none
-    written"."""
+    """``place`` with the budget left, and ``place_reason``. ``nbytes`` is published to the siblings first; their
+    entries are read as an upper bound, and exactly only when that says SSD."""
     m = machine()
-    # The level (when due), budget and free from one reading; nbytes is published to the siblings first.
-    level, reading = m.level_and_limits(reserving=nbytes)
-    held = m.ledger.held()
+    level, reading = m.level_and_limits(reserving=nbytes)  # the level (when due), budget and free from one reading
+    where, why = _decide(nbytes, level, reading, m.ledger.held())
+    if where is Place.SSD and reading.siblings:
+        where, why = _decide(nbytes, level, m.exact_limits(), m.ledger.held())
+    if where is Place.SSD:
+        m.release(nbytes)
+    return where, why
+
+
+def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Place, str]:
+    """How much of our arrays is still unwritten is only looked up (one ``mincore`` per RAM array) when the
+    answer depends on it: between "all written" and "none written"."""
     free = reading.free_bytes - reading.siblings_reserved_bytes  # the siblings' placed, not yet charged, arrays
 
     def left(unwritten: int) -> int:
@@ -202,10 +211,7 @@ def _where(nbytes: int) -> tuple[Place, str]:
         unwritten = held
     else:
         unwritten = held - _resident_in_ram()
-    where = place(nbytes, left(unwritten), level)
-    if where is Place.SSD:
-        m.release(nbytes)
-    return where, place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
+    return place(nbytes, left(unwritten), level), place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
 
 
 def _resident_in_ram() -> int:

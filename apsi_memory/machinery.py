@@ -51,6 +51,7 @@ class Machine:
         # The tracker holds the reader, not the machine: no cycle, so a dropped machine closes its files at once.
         self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify)
         self.budget_set: int | None = None  # set by budget(); None: the default
+        self._last: MemoryReading | None = None  # the reading level_and_limits took last
 
     @property
     def root(self) -> str:
@@ -90,7 +91,9 @@ class Machine:
     def level_and_limits(self, reserving: int = 0) -> tuple[Level, Limits]:
         """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both.
         ``reserving``: bytes about to be placed in RAM, published to the siblings before their entries are read,
-        so of two processes placing at once at least one sees the other (``release`` takes it back)."""
+        so of two processes placing at once at least one sees the other (``release`` takes it back); their
+        entries are then read as an upper bound (``exact_limits`` reads them exactly, when the answer depends
+        on it)."""
         due = self.tracker.due()
         reading = self.memory()
         if due is None:
@@ -98,36 +101,40 @@ class Machine:
         else:  # published (and told to the components) before the budget is read, as current_level() then limits()
             level = self.tracker.publish(due[0], pressure_from(reading, due[1]).level)
         if reserving and self.siblings is not None:
-            held = self.ledger.held()
-            self.siblings.publish(group_key(reading), self.siblings.own_outstanding() + reserving, held + reserving)
-        others = self.sibling_reading(reading)
+            self.siblings.reserve(group_key(reading), reserving, self.ledger.held() + reserving)
+        others = self.sibling_reading(reading, exact=not reserving)
+        self._last = reading
         return level, limits_from(reading, self.budget_from(reading, others), others)
+
+    def exact_limits(self) -> Limits:
+        """``limits()`` of the reading ``level_and_limits`` last took, the siblings read exactly (only live
+        processes, their reservations less what the kernel has charged since)."""
+        reading = self._last or self.memory()
+        others = self.sibling_reading(reading)
+        return limits_from(reading, self.budget_from(reading, others), others)
 
     def release(self, reserved: int) -> None:
         """Take back a reservation ``level_and_limits(reserving=…)`` published for an array that went elsewhere."""
         if self.siblings is not None and self.siblings.key is not None:
-            held = self.ledger.held()
-            self.siblings.publish(self.siblings.key, min(held, max(0, self.siblings.own_outstanding() - reserved)),
-                                  held)
+            self.siblings.settle(self.siblings.key, self.ledger.held(), reserved)
 
     def _held_changed(self, held: int) -> None:
         """Our RAM arrays' total changed: publish it, with what is unwritten (at most all of it)."""
         if self.siblings is not None and self.siblings.key is not None and held != self.siblings.own().held:
-            self.siblings.publish(self.siblings.key, min(held, self.siblings.own_outstanding()), held)
+            self.siblings.settle(self.siblings.key, held)
 
     def join(self) -> SiblingReading:
         """Enter this process in its group's ledger (as it stands: no reservation), then read its siblings."""
         reading = self.memory()
         if self.siblings is not None:
-            held = self.ledger.held()
-            self.siblings.publish(group_key(reading), min(held, self.siblings.own_outstanding()), held)
+            self.siblings.settle(group_key(reading), self.ledger.held())
         return self.sibling_reading(reading)
 
-    def sibling_reading(self, reading: MemoryReading | None = None) -> SiblingReading:
+    def sibling_reading(self, reading: MemoryReading | None = None, exact: bool = True) -> SiblingReading:
         """The other processes of this user in this memory group (``siblings()``)."""
         if self.siblings is None:
             return SiblingReading()
-        return self.siblings.read(group_key(reading or self.memory()))
+        return self.siblings.read(group_key(reading or self.memory()), exact)
 
     def pressure(self) -> Pressure:
         """Measure now; the level uses the last one for hysteresis and the components hear of a change."""

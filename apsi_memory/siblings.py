@@ -36,6 +36,7 @@ Nothing stale can lie
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -212,6 +213,18 @@ def _lock(fd: int, slot: int) -> bool:
     return True
 
 
+def _clear(fd: int, slot: int, raw: bytes) -> None:
+    """Zero a dead process's slot, so that readings which do not ask about locks stop counting it: only while
+    holding its lock (a process claiming it meanwhile takes another), and only if it still holds that record."""
+    with contextlib.suppress(OSError):
+        if _lock(fd, slot):
+            try:
+                if os.pread(fd, SLOT_BYTES, slot * SLOT_BYTES) == raw:
+                    os.pwrite(fd, bytes(SLOT_BYTES), slot * SLOT_BYTES)
+            finally:
+                _unlock(fd, slot)
+
+
 def _unlock(fd: int, slot: int) -> None:
     if _OFD:
         fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, slot * SLOT_BYTES, SLOT_BYTES, 0))
@@ -259,6 +272,7 @@ class Siblings:
         self._mine = Record(self._pid, 0, 0, 0, 0)
         self._statm = _Statm()
         self._parsed: dict[bytes, Record] = {}
+        self._rough = (b"", SiblingReading())  # the others' bytes, and the upper bound read from them
         self._rss = self._given_rss or self._statm.anon_rss
 
     def _check_fork(self) -> None:
@@ -304,9 +318,10 @@ class Siblings:
 
     # -- reading -------------------------------------------------------------------------------------------------
 
-    def read(self, key: str) -> SiblingReading:
-        """The other live processes' entries in group ``key``'s ledger: one pread, one ``F_GETLK`` per used slot,
-        one ``statm`` pread per slot holding a reservation."""
+    def read(self, key: str, exact: bool = True) -> SiblingReading:
+        """The other live processes' entries in group ``key``'s ledger: one pread, one ``F_OFD_GETLK`` per used
+        slot, one ``statm`` pread per slot holding a reservation. Not ``exact``: only the pread, every intact
+        record counted in full, alive or not — an upper bound, enough when the answer is RAM even so."""
         with self._lock:
             self._check_fork()
             fd = self._file(key)
@@ -314,9 +329,15 @@ class Siblings:
                 return SiblingReading()
             data = os.pread(fd, FILE_BYTES, 0)
             own = self._slot if key == self._key else None
-            return self._tally(fd, data, own, self.path(key))
+            if exact:
+                return self._tally(fd, data, own, self.path(key), exact)
+            # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
+            others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
+            if self._rough[0] != others:
+                self._rough = (others, self._tally(fd, data, own, self.path(key), exact))
+            return self._rough[1]
 
-    def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None) -> SiblingReading:
+    def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool) -> SiblingReading:
         processes = active = reserved = held = 0
         ignored: list[str] = []
         seen: set[int] = set()
@@ -324,33 +345,43 @@ class Siblings:
         while at >= 0:
             slot = at // SLOT_BYTES
             if at % SLOT_BYTES == 0 and slot != own:
-                entry = self._entry(fd, data, at, slot, ignored)
+                entry = self._entry(fd, data, at, slot, ignored, exact)
                 if entry is not None:
                     seen.add(entry.pid)
                     processes += 1
                     active += bool(entry.held or entry.reserved)
                     held += entry.held
                     if entry.reserved:
-                        reserved += outstanding(entry.reserved, entry.rss, self._rss(entry.pid))
+                        rss = self._rss(entry.pid) if exact else None
+                        reserved += outstanding(entry.reserved, entry.rss, rss)
             at = data.find(MAGIC, (slot + 1) * SLOT_BYTES)
-        self._statm.keep_only(seen)
+        if exact:
+            self._statm.keep_only(seen)
         return SiblingReading(processes, active, reserved, held, ledger, tuple(ignored))
 
-    def _entry(self, fd: int, data: bytes, at: int, slot: int, ignored: list[str]) -> Record | None:
+    def _entry(self, fd: int, data: bytes, at: int, slot: int, ignored: list[str], exact: bool) -> Record | None:
         raw = data[at:at + SLOT_BYTES]
-        record = self._parsed.get(raw)  # a record seen before, already checked: most readings change none
-        if record is None:
-            record = parse_record(raw)
-            if isinstance(record, str):  # perhaps caught mid-write: read that slot once more
-                record = parse_record(os.pread(fd, SLOT_BYTES, at))
-            elif len(self._parsed) < 4 * SLOTS:
-                self._parsed[raw] = record
+        record = self._checked(fd, raw, at)
         if isinstance(record, str):
             ignored.append(f"slot {slot}: {record}")
             return None
-        if not _alive(fd, at, record):
+        if exact and not _alive(fd, at, record):
             ignored.append(f"slot {slot}: pid {record.pid} is gone")
+            _clear(fd, slot, raw)
             return None
+        return record
+
+    def _checked(self, fd: int, raw: bytes, at: int) -> Record | str:
+        """The record in ``raw``; a record seen before was checked then: most readings change none."""
+        known = self._parsed.get(raw)
+        if known is not None:
+            return known
+        record = parse_record(raw)
+        if isinstance(record, str):  # perhaps caught mid-write: read that slot once more
+            return parse_record(os.pread(fd, SLOT_BYTES, at))
+        if len(self._parsed) >= 4 * SLOTS:
+            self._parsed.clear()
+        self._parsed[raw] = record
         return record
 
     # -- publishing ----------------------------------------------------------------------------------------------
@@ -359,6 +390,11 @@ class Siblings:
         """Make this process's entry in group ``key``'s ledger say ``reserved`` and ``held`` (as of now's RSS)."""
         with self._lock:
             self._check_fork()
+            self._publish(key, reserved, held, self._rss(self._pid))
+
+    def _publish(self, key: str, reserved: int, held: int, rss: int | None) -> None:
+        """``rss`` None: read it now."""
+        with self._lock:
             if key != self._key:
                 self._leave()
                 self._key = key
@@ -369,6 +405,22 @@ class Siblings:
             rss = self._rss(self._pid) or 0
             self._mine = Record(self._pid, self._mine.start or _start_ticks(), reserved, held, rss)
             os.pwrite(fd, pack_record(self._mine), self._slot * SLOT_BYTES)
+
+    def reserve(self, key: str, more: int, held: int) -> None:
+        """Publish ``more`` bytes reserved on top of what is still outstanding, and ``held``; one RSS reading."""
+        with self._lock:
+            self._check_fork()
+            rss = self._rss(self._pid)
+            self._publish(key, outstanding(self._mine.reserved, self._mine.rss, rss) + more, held, rss)
+
+    def settle(self, key: str, held: int, less: int = 0) -> None:
+        """Publish ``held``, with the reservation less ``less`` and never more than ``held`` (unwritten pages
+        are pages held). Kept against the RSS it was published with, which readers still take away: no RSS
+        reading, and still never less than what is unwritten."""
+        with self._lock:
+            self._check_fork()
+            mine = self._mine
+            self._publish(key, min(held, max(0, mine.reserved - less)), held, mine.rss if mine.reserved else None)
 
     def own_outstanding(self) -> int:
         """What this process's published reservation still stands for (less its RSS growth since)."""

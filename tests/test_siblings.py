@@ -149,9 +149,10 @@ class LedgerMachine(RuleBasedStateMachine):
         pid = data.draw(st.sampled_from(sorted(self.model)))
         slot = self.procs[pid]._slot
         assert slot is not None
+        skip = 4 + data.draw(st.integers(0, 16))  # past the magic, within the slot
         with open(self.folder / KEY, "r+b") as f:
-            f.seek(slot * SLOT_BYTES + 4 + data.draw(st.integers(0, 16)))
-            f.write(junk)
+            f.seek(slot * SLOT_BYTES + skip)
+            f.write(junk[:SLOT_BYTES - skip])
         f_data = (self.folder / KEY).read_bytes()[slot * SLOT_BYTES:(slot + 1) * SLOT_BYTES]
         if isinstance(parse_record(f_data), str):
             self.corrupt.add(pid)
@@ -165,6 +166,8 @@ class LedgerMachine(RuleBasedStateMachine):
         assert seen.processes == len(intact)
         assert seen.reserved_bytes == sum(self._outstanding(pid) for pid in intact) >= 0
         assert seen.held_bytes == sum(self.model[pid][1] for pid in intact)
+        rough = self.observer.read(KEY, exact=False)  # what a placement reads first: never less
+        assert rough.reserved_bytes >= seen.reserved_bytes and rough.active >= seen.active
         for pid in self.corrupt:  # not trusted, and said why
             assert f"slot {self.procs[pid]._slot}: checksum does not match (torn or foreign)" in seen.ignored
 
