@@ -6,13 +6,17 @@ live siblings, each holding a reservation, measured in the same run. The target:
 
 The siblings are 16 real sleeping processes entered in a private ledger folder, so each reading asks the kernel
 about 16 slot locks and reads 16 ``/proc/<pid>/statm``, as it would in a container of 17 workers.
-Each round makes and drops 100 arrays, so the time per placement is the median / 100.
+Each round makes and drops 100 arrays, so the time per placement is the median / 100. On a shared, loaded machine
+the two medians drift apart with the load between them, so ``test_placement_paired`` also times both in every
+round, one after the other, and prints the median of the rounds' ratios: the figure to read there.
 """
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,3 +76,25 @@ def test_placement(benchmark: Any, ledger: str, name: str) -> None:
     ratios.measure(benchmark, name, placing(machine), ROUNDS, warmup_rounds=2)
     if siblings is not None:
         siblings.close()
+
+
+def test_placement_paired(benchmark: Any, ledger: str) -> None:
+    siblings = Siblings([ledger])
+    machines = [Machine(siblings=None), Machine(siblings=siblings)]
+    runs = [placing(m) for m in machines]
+    found: list[float] = []
+
+    def pair() -> None:
+        took = []
+        for run in runs:
+            started = time.perf_counter()
+            run()
+            took.append(time.perf_counter() - started)
+        found.append(took[1] / took[0])
+
+    benchmark.pedantic(pair, rounds=ROUNDS, iterations=1, warmup_rounds=2)
+    ratio = statistics.median(found[2:] or found)
+    benchmark.extra_info["ledger_cost_ratio"] = round(ratio, 3)
+    print(f"\n16 siblings against without the ledger, paired rounds: median ratio {ratio:.2f}x "
+          f"(quartiles {statistics.quantiles(found, n=4)[0]:.2f}-{statistics.quantiles(found, n=4)[2]:.2f})")
+    siblings.close()
