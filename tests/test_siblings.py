@@ -13,9 +13,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import apsi_memory as memory
+import sim
+import sim.tree
+from apsi_memory import Machine
 from apsi_memory.decide import default_budget, shared_budget
 from apsi_memory.errors import UnsafePathError
 from apsi_memory.siblings import FILE_BYTES, SLOT_BYTES, Record, Siblings, group_key, pack_record, parse_record
+from sim.clock import FakeClock
 
 GiB, MiB = 1 << 30, 1 << 20
 KEY = "reservations-test"
@@ -188,3 +192,27 @@ def test_siblings_and_limits_say_what_siblings_hold_reserved(tmp_path):
         assert memory.budget().siblings_reserved_bytes > 0 and "shared by 2 processes" in memory.budget().source
     finally:
         other.close()
+
+
+# -- placement with siblings ---------------------------------------------------------------------------------------
+
+def test_a_placement_leaves_what_a_sibling_reserved_and_sees_it_go_when_the_sibling_dies(tmp_path):
+    """A 4 GiB container with 3 GiB free: a sibling placed 2.5 GiB it has not written yet. Counting only the
+    kernel's free memory, a 1 GiB array went to RAM and the two together overran the group."""
+    tree = sim.tree.docker_v1(tmp_path / "root", limit=4 * GiB, usage=1 * GiB)
+    ledger = tmp_path / "ledger"
+    m = Machine(root=str(tree.root), clock=FakeClock(), siblings=Siblings([str(ledger)]))
+    sibling = Siblings([str(ledger)], pid=4242)
+    sibling.publish(group_key(m.memory()), 2560 * MiB, 2560 * MiB)
+    with m.use():
+        x = memory.array(1 * GiB, "uint8")
+        assert memory.on_disk(x)
+        assert "reserved by siblings" in str(memory.limits()) and memory.limits().siblings == 1
+        sibling.close()  # the sibling dies: its slot's lock goes with it
+        y = memory.array(1 * GiB, "uint8")
+        assert not memory.on_disk(y) and memory.limits().siblings_reserved_bytes == 0
+
+
+def test_a_machine_over_a_fake_tree_has_no_siblings(tmp_path):
+    tree = sim.tree.docker_v1(tmp_path / "root")
+    assert sim.machine(tree).siblings is None  # a fake machine's processes are not this host's
