@@ -57,10 +57,9 @@ from .units import parse_size
 from ._version import __version__ as __version__
 
 # -- the machine and its readings: limits, pressure, budget (machinery.py, readings.py, api.py), status (status.py) --
-from .api import budget, cores, current_level, limits, pressure, siblings
+from .api import budget, cores, current_level, limits, pressure, siblings  # (``siblings`` shadows the submodule)
 from .machinery import Machine, machine
-from .readings import Budget, Limits, Pressure
-from .siblings import SiblingReading
+from .readings import Budget, Limits, Pressure, SiblingReading
 from .status import Status, status  # (the function shadows the submodule: ``from apsi_memory.status import Status``)
 
 # -- array, free, on_disk, report (arrays.py); pool (pool.py); on_pressure, relieve (watch.py) --

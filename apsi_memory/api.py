@@ -10,8 +10,7 @@ from .adapters.procfs import read_proc_status
 from .adapters.root import resolve
 from .decide import Level
 from .machinery import cores_from, machine
-from .readings import Budget, Limits, Pressure
-from .siblings import SiblingReading
+from .readings import Budget, Limits, Pressure, SiblingReading
 
 __all__ = ["Budget", "Limits", "Pressure", "SiblingReading", "budget", "cores", "current_level", "limits", "pressure",
            "siblings"]

@@ -27,8 +27,8 @@ from .errors import BudgetWarning, SizeError
 from .ledger import Ledger
 from .levels import Components, LevelTracker
 from .measure import MemoryReader, MemoryReading
-from .readings import Budget, Limits, Pressure, limits_from, pressure_from
-from .siblings import SiblingReading, Siblings, group_key, shared
+from .readings import Budget, Limits, Pressure, SiblingReading, limits_from, pressure_from
+from .siblings import Siblings, group_key, shared
 from .units import fmt_gb, parse_size
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
@@ -46,7 +46,8 @@ class Machine:
         if siblings is True:
             siblings = shared() if os.path.realpath(self.reader.root) == "/" else None
         self.siblings: Siblings | None = siblings or None
-        self.ledger = Ledger(self._held_changed)
+        # The ledger tells the siblings of a change through them, not through the machine: no reference cycle.
+        self.ledger = Ledger(None if self.siblings is None else partial(_publish_held, self.siblings))
         self.components = Components()
         # The tracker holds the reader, not the machine: no cycle, so a dropped machine closes its files at once.
         self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify)
@@ -118,11 +119,6 @@ class Machine:
         if self.siblings is not None and self.siblings.key is not None:
             self.siblings.settle(self.siblings.key, self.ledger.held(), reserved)
 
-    def _held_changed(self, held: int) -> None:
-        """Our RAM arrays' total changed: publish it, with what is unwritten (at most all of it)."""
-        if self.siblings is not None and self.siblings.key is not None and held != self.siblings.own().held:
-            self.siblings.settle(self.siblings.key, held)
-
     def join(self) -> SiblingReading:
         """Enter this process in its group's ledger (as it stands: no reservation), then read its siblings."""
         reading = self.memory()
@@ -178,6 +174,12 @@ class Machine:
             return Budget(bytes_, "70 % of free")
         return Budget(bytes_, f"70 % of free less {fmt_gb(others.reserved_bytes)} reserved by siblings, shared by "
                               f"{others.active + 1} processes", others.reserved_bytes)
+
+
+def _publish_held(siblings: Siblings, held: int) -> None:
+    """Our RAM arrays' total changed: publish it, with what is unwritten (at most all of it)."""
+    if siblings.key is not None and held != siblings.own().held:
+        siblings.settle(siblings.key, held)
 
 
 def _warn_above_usable(budget_bytes: int, usable: int) -> None:

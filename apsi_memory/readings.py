@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .adapters.cgroup import CgroupMemory
 from .decide import Level, pressure_cause, pressure_level
 from .measure import MemoryReading
 from .units import GiB, fmt_gb
-
-if TYPE_CHECKING:
-    from .siblings import SiblingReading
 
 
 class Reading:
@@ -104,6 +101,23 @@ def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
         return dict.fromkeys(("cgroup", "cgroup_version", "limit_bytes", "limit_file", "working_set_bytes"))
     return {"cgroup": cg.path, "cgroup_version": cg.version, "limit_bytes": cg.limit, "limit_file": cg.limit_file,
             "working_set_bytes": cg.working_set, "group_guessed": cg.guessed}
+
+
+@dataclass(frozen=True)
+class SiblingReading(Reading):
+    """The other processes of this user in this memory group that use the library (``siblings()``).
+
+    ``processes``: live processes with a slot; ``active``: those holding RAM arrays or reservations (the budget is
+    shared among them and this one); ``reserved_bytes``: what they placed in RAM and the kernel has not charged yet;
+    ``held_bytes``: the RAM arrays they hold; ``ledger``: the file (None where no safe folder was found);
+    ``ignored``: records not counted, each with its reason."""
+
+    processes: int = 0
+    active: int = 0
+    reserved_bytes: int = 0
+    held_bytes: int = 0
+    ledger: str | None = None
+    ignored: tuple[str, ...] = ()
 
 
 def limits_from(reading: MemoryReading, budget: Budget, siblings: SiblingReading | None = None) -> Limits:

@@ -48,14 +48,13 @@ import threading
 import weakref
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import paths, trust
 from ._once import fork_hooks
 from .errors import UnsafePathError
 from .measure import MemoryReading
-from .readings import Reading
+from .readings import SiblingReading
 
 log = logging.getLogger(__name__)
 
@@ -113,25 +112,6 @@ def group_key(reading: MemoryReading) -> str:
         return "reservations-host"
     name = f"v{reading.cgroup.version}:{reading.cgroup.directory}"
     return "reservations-" + hashlib.sha256(name.encode()).hexdigest()[:24]
-
-
-# -- what a reader sees ------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SiblingReading(Reading):
-    """The other processes of this user in this memory group that use the library (``siblings()``).
-
-    ``processes``: live processes with a slot; ``active``: those holding RAM arrays or reservations (the budget is
-    shared among them and this one); ``reserved_bytes``: what they placed in RAM and the kernel has not charged yet;
-    ``held_bytes``: the RAM arrays they hold; ``ledger``: the file (None where no safe folder was found);
-    ``ignored``: records not counted, each with its reason."""
-
-    processes: int = 0
-    active: int = 0
-    reserved_bytes: int = 0
-    held_bytes: int = 0
-    ledger: str | None = None
-    ignored: tuple[str, ...] = ()
 
 
 # -- where ---------------------------------------------------------------------------------------------------------
