@@ -245,14 +245,14 @@ class Siblings:
     def _reset(self) -> None:
         self._real_pid = os.getpid()  # a forked child has no slot and no record of its own: it starts afresh
         self._pid = self._given_pid or self._real_pid
-        self._folder: tuple[int, str] | None | bool = False  # False: not looked for yet
+        self._folder: tuple[int, str] | None | bool = False  # False: not looked for yet; None: no safe folder
         self._files: dict[str, int] = {}
         self._slot: int | None = None
         self._key: str | None = None
         self._mine = Record(self._pid, 0, 0, 0, 0)
         self._statm = _Statm()
         self._parsed: dict[bytes, Record] = {}
-        self._rough = (b"", SiblingReading())  # the others' bytes, and the upper bound read from them
+        self._rough = ("", b"", SiblingReading())  # the group, the others' bytes, and the upper bound read from them
         self._rss = self._given_rss or self._statm.anon_rss
 
     def _check_fork(self) -> None:
@@ -272,7 +272,7 @@ class Siblings:
         if self._folder is False:
             _close_in_children()  # registered on first use, never at import
             self._folder = _open_folder(self._directories or candidate_dirs())
-        if self._folder is None or self._folder is True:
+        if not isinstance(self._folder, tuple):
             return None
         fd = self._files.get(key)
         if fd is None:
@@ -313,9 +313,9 @@ class Siblings:
                 return self._tally(fd, data, own, self.path(key), exact)
             # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
             others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
-            if self._rough[0] != others:
-                self._rough = (others, self._tally(fd, data, own, self.path(key), exact))
-            return self._rough[1]
+            if self._rough[:2] != (key, others):
+                self._rough = (key, others, self._tally(fd, data, own, self.path(key), exact))
+            return self._rough[2]
 
     def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool) -> SiblingReading:
         processes = active = reserved = held = 0
@@ -336,7 +336,7 @@ class Siblings:
                         reserved += outstanding(entry.reserved, entry.rss, rss)
             at = data.find(MAGIC, (slot + 1) * SLOT_BYTES)
         if exact:
-            self._statm.keep_only(seen)
+            self._statm.keep_only(seen | {self._pid})
         return SiblingReading(processes, active, reserved, held, ledger, tuple(ignored))
 
     def _entry(self, fd: int, data: bytes, at: int, slot: int, ignored: list[str], exact: bool) -> Record | None:
