@@ -216,3 +216,39 @@ def test_a_placement_leaves_what_a_sibling_reserved_and_sees_it_go_when_the_sibl
 def test_a_machine_over_a_fake_tree_has_no_siblings(tmp_path):
     tree = sim.tree.docker_v1(tmp_path / "root")
     assert sim.machine(tree).siblings is None  # a fake machine's processes are not this host's
+
+
+FORK_AND_HOLD = r"""
+import os, sys, time
+import apsi_memory as memory
+x = memory.array(512 << 20, "uint8")  # a 512 MiB reservation, never written
+if os.fork() == 0:  # a child that outlives its parent, never using the library itself
+    time.sleep(60)
+    os._exit(0)
+print(os.getpid(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_forked_child_does_not_keep_its_dead_parents_reservation_alive(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    ledger = os.environ["APSI_LEDGER_DIR"]
+    env = {**os.environ, "APSI_SPILL_DIR": str(tmp_path / "spill"), "APSI_RAM_BUDGET": "1GB"}
+    parent = subprocess.Popen([sys.executable, "-c", FORK_AND_HOLD], stdout=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True)
+    try:
+        assert parent.stdout is not None and int(parent.stdout.readline()) == parent.pid
+        key = group_key(memory.machine().memory())
+        observer = Siblings([ledger])
+        assert observer.read(key).reserved_bytes > 500 * MiB
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        after = observer.read(key)  # the child still runs, with copies of the parent's descriptors
+        assert (after.processes, after.reserved_bytes) == (0, 0), after
+        observer.close()
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
