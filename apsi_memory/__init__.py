@@ -17,7 +17,9 @@ Theory of operation
   RAM ``ledger``, the ``levels`` tracker (re-measured at most twice a second on allocation paths) and the
   components (``levels.Components``) that hear of a level change: shrink at ``high``, empty at ``critical``,
   grow back at ``ok``, give RAM back on ``relieve``. ``machine()`` is the process's; ``with m.use():`` installs
-  another (``sim.machine(tree)`` in tests). ``measure`` + ``readings`` make its readings.
+  another (``sim.machine(tree)`` in tests). ``measure`` + ``readings`` make its readings. ``siblings`` is the
+  reservation ledger the processes of one memory cgroup share: what each placed in RAM and has not written yet,
+  taken off free memory by every placement (``docs/guides/several-processes.md``).
 * ``arrays`` + ``spill`` (RAM or memory-mapped spill file), ``pool`` (reused temporaries), ``watch``
   (``on_pressure``, ``relieve``), ``chunks`` + ``mapping`` (streaming larger than RAM, on ``blocks``, ``pages``,
   ``sources``, ``progress``), the ``store`` package (``store/__init__.py``, ``store/store.py``, ``journal``,
@@ -60,9 +62,9 @@ from .units import parse_size
 from ._version import __version__ as __version__
 
 # -- the machine and its readings: limits, pressure, budget (machinery.py, readings.py, api.py), status (status.py) --
-from .api import budget, cores, current_level, limits, pressure
+from .api import budget, cores, current_level, limits, pressure, siblings  # (``siblings`` shadows the submodule)
 from .machinery import Machine, machine
-from .readings import Budget, Limits, Pressure
+from .readings import Budget, Limits, Pressure, SiblingReading
 from .status import Status, status  # (the function shadows the submodule: ``from apsi_memory.status import Status``)
 
 # -- array, free, on_disk, report (arrays.py); pool (pool.py); on_pressure, relieve (watch.py) --
@@ -92,12 +94,14 @@ __all__ = [
     "Budget",
     "Limits",
     "Pressure",
+    "SiblingReading",
     "Status",
     "budget",
     "cores",
     "current_level",
     "limits",
     "pressure",
+    "siblings",
     "status",
     "ApsiMemoryError",
     "BatchTooSmallError",

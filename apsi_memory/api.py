@@ -10,9 +10,10 @@ from .adapters.procfs import read_proc_status
 from .adapters.root import resolve
 from .decide import Level
 from .machinery import cores_from, machine
-from .readings import Budget, Limits, Pressure
+from .readings import Budget, Limits, Pressure, SiblingReading
 
-__all__ = ["Budget", "Limits", "Pressure", "budget", "cores", "current_level", "limits", "pressure"]
+__all__ = ["Budget", "Limits", "Pressure", "SiblingReading", "budget", "cores", "current_level", "limits", "pressure",
+           "siblings"]
 
 
 def budget(gb: float | str | None = None) -> Budget:
@@ -43,3 +44,10 @@ def cores(root: str | None = None) -> int:
     if root is None:
         return machine().cores()
     return cores_from(read_proc_status(resolve(root)))
+
+
+def siblings() -> SiblingReading:
+    """The other processes of this user in this memory group that use the library: how many (``processes``),
+    how many hold RAM arrays (``active``), and what they placed in RAM and the kernel has not charged yet
+    (``reserved_bytes``). Calling it enters this process in the group's ledger, so its siblings count it too."""
+    return machine().join()

@@ -52,6 +52,7 @@ from .decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from .errors import ArgumentError, ArgumentTypeError, NotFreedWarning
 from .ledger import Ledger
 from .machinery import machine
+from .readings import Limits
 from .units import fmt_size
 
 log = logging.getLogger(__name__)  # "apsi_memory.arrays": one DEBUG line per big array placed, with the reason
@@ -197,15 +198,25 @@ def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_b
 
 
 def _where(nbytes: int) -> tuple[Place, str]:
-    """``place`` with the budget left, and ``place_reason``. How much of our arrays is still unwritten is only
-    looked up (one ``mincore`` per RAM array) when the answer depends on it: between "all written" and "none
-    written"."""
+    """``place`` with the budget left, and ``place_reason``. ``nbytes`` is published to the siblings first; their
+    entries are read as an upper bound, and exactly only when that says SSD."""
     m = machine()
-    level, reading = m.level_and_limits()  # the level (when due), budget and free from one reading
-    held = m.ledger.held()
+    level, reading = m.level_and_limits(reserving=nbytes)  # the level (when due), budget and free from one reading
+    where, why = _decide(nbytes, level, reading, m.ledger.held())
+    if where is Place.SSD and reading.siblings:
+        where, why = _decide(nbytes, level, m.exact_limits(), m.ledger.held())
+    if where is Place.SSD:
+        m.release(nbytes)
+    return where, why
+
+
+def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Place, str]:
+    """How much of our arrays is still unwritten is only looked up (one ``mincore`` per RAM array) when the
+    answer depends on it: between "all written" and "none written"."""
+    free = reading.free_bytes - reading.siblings_reserved_bytes  # the siblings' placed, not yet charged, arrays
 
     def left(unwritten: int) -> int:
-        return budget_left(reading.budget_bytes, held, reading.free_bytes, unwritten)
+        return budget_left(reading.budget_bytes, held, free, unwritten)
 
     if place(nbytes, left(0), level) is Place.SSD:
         unwritten = 0
@@ -354,6 +365,15 @@ def on_disk(x: np.ndarray) -> bool:
     return False
 
 
-def report() -> list[ArrayRecord]:
+class Report(list[ArrayRecord]):
+    """``report()``'s list, with what the other processes of this group hold reserved
+    (``siblings_reserved_bytes``, as ``limits()``)."""
+
+    siblings_reserved_bytes = 0
+
+
+def report() -> Report:
     """One record per live ``memory.array`` (not freed, not collected), oldest first."""
-    return [entry.record() for entry in list(_tracked.values()) if not entry.freed]
+    found = Report(entry.record() for entry in list(_tracked.values()) if not entry.freed)
+    found.siblings_reserved_bytes = machine().sibling_reading().reserved_bytes
+    return found

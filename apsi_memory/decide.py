@@ -196,6 +196,14 @@ def default_budget(free_bytes: int, held_bytes: int = 0) -> int:
     return max(0, int(DEFAULT_BUDGET_SHARE * (max(0, free_bytes) + max(0, held_bytes))))
 
 
+def shared_budget(free_bytes: int, held_bytes: int, siblings_reserved_bytes: int, processes: int) -> int:
+    """The default budget of one of ``processes`` processes of a memory group that hold RAM arrays or reservations
+    (this one included): an equal share of ``default_budget`` of what is free once the siblings' reservations
+    (placed, not yet charged by the kernel) are taken away. Alone and with nothing reserved, ``default_budget``."""
+    left = max(0, free_bytes - max(0, siblings_reserved_bytes))
+    return default_budget(left, held_bytes) // max(1, processes)
+
+
 # -- placement ---------------------------------------------------------------------------------------------------
 
 class Place(str, enum.Enum, metaclass=_StrChoices):

@@ -7,20 +7,28 @@ so the two stay consistent as arrays come and go. A running total, not a scan, s
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 
 class Ledger:
-    def __init__(self) -> None:
+    """``changed(held)`` is told the new total after each change (the machine publishes it to the siblings)."""
+
+    def __init__(self, changed: Callable[[int], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._held = 0
+        self._changed = changed
 
     def add(self, n_bytes: int) -> None:
         with self._lock:
             self._held += n_bytes
+        if self._changed is not None:
+            self._changed(self._held)
 
     def remove(self, n_bytes: int) -> None:
         with self._lock:
             self._held = max(0, self._held - n_bytes)
+        if self._changed is not None:
+            self._changed(self._held)
 
     def held(self) -> int:
         return self._held

@@ -22,12 +22,13 @@ from functools import partial
 
 from .adapters.clock import Clock, SystemClock, checked_clock
 from .adapters.procfs import ProcStatus, read_proc_status
-from .decide import Level, default_budget
+from .decide import Level, shared_budget
 from .errors import BudgetWarning, SizeError
 from .ledger import Ledger
 from .levels import Components, LevelTracker
 from .measure import MemoryReader, MemoryReading
-from .readings import Budget, Limits, Pressure, limits_from, pressure_from
+from .readings import Budget, Limits, Pressure, SiblingReading, limits_from, pressure_from
+from .siblings import Siblings, group_key, shared
 from .units import fmt_size, parse_size
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
@@ -36,15 +37,23 @@ BUDGET_ENV = "APSI_RAM_BUDGET"
 class Machine:
     """One machine as the library sees it (see the module docstring)."""
 
-    def __init__(self, root: str | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, root: str | None = None, clock: Clock | None = None,
+                 siblings: Siblings | None | bool = True) -> None:
         self.clock: Clock = SystemClock() if clock is None else checked_clock(clock, "Machine: clock")
         self.reader = MemoryReader(root)  # its kernel files stay open until the machine is collected
-        self.ledger = Ledger()
+        # The reservation ledger of the group: the process's own on the real machine (True), none over a fake tree
+        # (its processes are not this machine's) or when None/False is given, or the one given.
+        if siblings is True:
+            siblings = shared() if os.path.realpath(self.reader.root) == "/" else None
+        self.siblings: Siblings | None = siblings or None
+        # The ledger tells the siblings of a change through them, not through the machine: no reference cycle.
+        self.ledger = Ledger(None if self.siblings is None else partial(_publish_held, self.siblings))
         self.components = Components()
         # The tracker holds the reader, not the machine: no cycle, so a dropped machine closes its files at once.
         self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify,
                                     self.components.hear)
         self.budget_set: int | None = None  # set by budget(); None: the default
+        self._last: MemoryReading | None = None  # the reading level_and_limits took last
 
     @property
     def root(self) -> str:
@@ -78,17 +87,51 @@ class Machine:
 
     def limits(self) -> Limits:
         reading = self.memory()
-        return limits_from(reading, self.budget_from(reading))
+        others = self.sibling_reading(reading)
+        return limits_from(reading, self.budget_from(reading, others), others)
 
-    def level_and_limits(self) -> tuple[Level, Limits]:
-        """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both."""
+    def level_and_limits(self, reserving: int = 0) -> tuple[Level, Limits]:
+        """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both.
+        ``reserving``: bytes about to be placed in RAM, published to the siblings before their entries are read,
+        so of two processes placing at once at least one sees the other (``release`` takes it back); their
+        entries are then read as an upper bound (``exact_limits`` reads them exactly, when the answer depends
+        on it)."""
         due = self.tracker.due()
         reading = self.memory()
         if due is None:
             level = self.tracker.level
         else:  # published (and told to the components) before the budget is read, as current_level() then limits()
             level = self.tracker.publish(due[0], pressure_from(reading, due[1]).level)
-        return level, limits_from(reading, self.budget_from(reading))
+        if reserving and self.siblings is not None:
+            self.siblings.reserve(group_key(reading), reserving, self.ledger.held() + reserving)
+        others = self.sibling_reading(reading, exact=not reserving)
+        self._last = reading
+        return level, limits_from(reading, self.budget_from(reading, others), others)
+
+    def exact_limits(self) -> Limits:
+        """``limits()`` of the reading ``level_and_limits`` last took, the siblings read exactly (only live
+        processes, their reservations less what the kernel has charged since)."""
+        reading = self._last or self.memory()
+        others = self.sibling_reading(reading)
+        return limits_from(reading, self.budget_from(reading, others), others)
+
+    def release(self, reserved: int) -> None:
+        """Take back a reservation ``level_and_limits(reserving=…)`` published for an array that went elsewhere."""
+        if self.siblings is not None and self.siblings.key is not None:
+            self.siblings.settle(self.siblings.key, self.ledger.held(), reserved)
+
+    def join(self) -> SiblingReading:
+        """Enter this process in its group's ledger (as it stands: no reservation), then read its siblings."""
+        reading = self.memory()
+        if self.siblings is not None:
+            self.siblings.settle(group_key(reading), self.ledger.held())
+        return self.sibling_reading(reading)
+
+    def sibling_reading(self, reading: MemoryReading | None = None, exact: bool = True) -> SiblingReading:
+        """The other processes of this user in this memory group (``siblings()``)."""
+        if self.siblings is None:
+            return SiblingReading()
+        return self.siblings.read(group_key(reading or self.memory()), exact)
 
     def pressure(self) -> Pressure:
         """Measure now; the level uses the last one for hysteresis and the components hear of a change."""
@@ -117,7 +160,7 @@ class Machine:
             _warn_above_usable(self.budget_set, reading.usable)
         return self.budget_from(reading)
 
-    def budget_from(self, reading: MemoryReading) -> Budget:
+    def budget_from(self, reading: MemoryReading, others: SiblingReading | None = None) -> Budget:
         if self.budget_set is not None:
             return Budget(self.budget_set, "set by budget()")
         from_env = os.environ.get(BUDGET_ENV)
@@ -126,7 +169,18 @@ class Machine:
                 return Budget(parse_size(from_env), BUDGET_ENV)
             except SizeError as exc:
                 raise SizeError(f"{BUDGET_ENV}: {exc}") from None
-        return Budget(default_budget(reading.free, self.ledger.held()), "70 % of free")
+        others = self.sibling_reading(reading) if others is None else others
+        bytes_ = shared_budget(reading.free, self.ledger.held(), others.reserved_bytes, others.active + 1)
+        if not (others.active or others.reserved_bytes):
+            return Budget(bytes_, "70 % of free")
+        return Budget(bytes_, f"70 % of free less {fmt_size(others.reserved_bytes)} reserved by siblings, shared by "
+                              f"{others.active + 1} processes", others.reserved_bytes)
+
+
+def _publish_held(siblings: Siblings, held: int) -> None:
+    """Our RAM arrays' total changed: publish it, with what is unwritten (at most all of it)."""
+    if siblings.key is not None and held != siblings.own().held:
+        siblings.settle(siblings.key, held)
 
 
 def _warn_above_usable(budget_bytes: int, usable: int) -> None:

@@ -37,6 +37,7 @@ class Budget(Reading):
 
     bytes: int
     source: str  # "70 % of free", "set by budget()", or "APSI_RAM_BUDGET"
+    siblings_reserved_bytes: int = 0  # what other processes of the group placed in RAM and have not written yet
 
     @property
     def gb(self) -> float:
@@ -65,6 +66,9 @@ class Limits(Reading):
     ``host_total_bytes``, ``host_available_bytes``: ``/proc/meminfo``'s MemTotal and MemAvailable.
     ``group_guessed``: the group is not below any cgroup mount's root, so the mount point was read in its stead.
     ``cgroup_problem``: why a group that exists was not read (the reading is then the host's).
+    ``siblings_reserved_bytes``: what the other processes of this user in this group placed in RAM and the kernel
+    has not charged yet (not yet out of ``free_bytes``; placement takes it away); ``siblings``: how many of them
+    use the library (``siblings()``).
     """
 
     usable_bytes: int
@@ -80,12 +84,15 @@ class Limits(Reading):
     host_available_bytes: int
     group_guessed: bool = False
     cgroup_problem: str | None = None
+    siblings_reserved_bytes: int = 0
+    siblings: int = 0
 
     def __str__(self) -> str:
         note = ", group not visible: read at the mount point" if self.group_guessed else ""
         if self.cgroup_problem:
             note = f"; {self.cgroup_problem}"
-        return (f"{fmt_size(self.usable_bytes)} usable ({self.source}{note}), {fmt_size(self.free_bytes)} free, "
+        others = f" ({fmt_size(self.siblings_reserved_bytes)} reserved by siblings)" if self.siblings_reserved_bytes else ""
+        return (f"{fmt_size(self.usable_bytes)} usable ({self.source}{note}), {fmt_size(self.free_bytes)} free{others}, "
                 f"budget {fmt_size(self.budget_bytes)}")
 
 
@@ -96,11 +103,30 @@ def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
             "working_set_bytes": cg.working_set, "group_guessed": cg.guessed}
 
 
-def limits_from(reading: MemoryReading, budget: Budget) -> Limits:
+@dataclass(frozen=True)
+class SiblingReading(Reading):
+    """The other processes of this user in this memory group that use the library (``siblings()``).
+
+    ``processes``: live processes with a slot; ``active``: those holding RAM arrays or reservations (the budget is
+    shared among them and this one); ``reserved_bytes``: what they placed in RAM and the kernel has not charged yet;
+    ``held_bytes``: the RAM arrays they hold; ``ledger``: the file (None where no safe folder was found);
+    ``ignored``: records not counted, each with its reason."""
+
+    processes: int = 0
+    active: int = 0
+    reserved_bytes: int = 0
+    held_bytes: int = 0
+    ledger: str | None = None
+    ignored: tuple[str, ...] = ()
+
+
+def limits_from(reading: MemoryReading, budget: Budget, siblings: SiblingReading | None = None) -> Limits:
     return Limits(
         usable_bytes=reading.usable, free_bytes=reading.free, budget_bytes=budget.bytes,
         source=reading.source, host_total_bytes=reading.host.total, host_available_bytes=reading.host.available,
         cgroup_problem=reading.cgroup_problem, **_cgroup_fields(reading.cgroup),
+        siblings_reserved_bytes=siblings.reserved_bytes if siblings is not None else 0,
+        siblings=siblings.processes if siblings is not None else 0,
     )
 
 

@@ -8,7 +8,7 @@
 * ``memcg``: a real v1 child memory cgroup.
 
 Every test also runs on a fresh ``Machine`` of the real host (its own budget, ledger, level and components) and
-its own ``APSI_HOME``, so nothing a test sets reaches another and no global needs resetting afterwards.
+its own ``APSI_HOME`` and reservation ledger (``APSI_LEDGER_DIR``), so nothing a test sets reaches another and no global needs resetting afterwards.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 import apsi_memory as memory
 import sim
 from apsi_memory import Machine
+from apsi_memory.siblings import Siblings
 from sim.pressure import PressureMachine
 from sim.tree import MiB, SimTree
 from tests.realcg import ChildGroup, child_group
@@ -37,9 +38,14 @@ def private_apsi_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyt
     monkeypatch.setenv("APSI_HOME", str(home))
     for name in ("APSI_SPILL_DIR", "APSI_STORE_DIR", "APSI_RAM_BUDGET", "APSI_ALLOW_WRITE", "APSI_FS_ROOT"):
         monkeypatch.delenv(name, raising=False)
-    with Machine().use():
+    # The reservation ledger of the test's own (and its subprocesses'): other test runs on the host are not its
+    # siblings.
+    monkeypatch.setenv("APSI_LEDGER_DIR", str(home / "ledger"))
+    siblings = Siblings()
+    with Machine(siblings=siblings).use():
         yield home
         monkeypatch.undo()  # while this machine is installed: a test's monkeypatched default must not outlive it
+    siblings.close()
 
 
 @pytest.fixture

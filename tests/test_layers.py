@@ -21,7 +21,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # the OS: kernel files, time, folders, files, libc
     "adapters": ("adapters", "_libc", "_uffd", "_once", "fileio", "paths", "trust", "signing", "spill", "pages", "sources"),
     # the Machine and what it keeps: root, clock, budget, ledger, level tracker, components, readings
-    "machine": ("ledger", "levels", "measure", "readings", "machinery"),
+    "machine": ("ledger", "levels", "measure", "readings", "siblings", "machinery"),
     # what users call, built on machine()
     "features": ("moving", "arrays", "pool", "watch", "store", "cached", "chunks",
                  "rowblocks", "mapping", "progress", "devices", "batch", "dask", "inventory"),
