@@ -350,8 +350,8 @@ NOT_SWEPT = {
     "errors and warnings": [name for name in memory.__all__ if isinstance(getattr(memory, name), type)
                             and issubclass(getattr(memory, name), (BaseException, Warning))],
     "results the library makes, not inputs": ["Budget", "Limits", "Pressure", "Status", "ArrayRecord", "Cpu", "Gpu",
-                                              "Devices", "CacheStats"],
-    "no input at all (not even kernel files)": ["machine", "relieve", "report"],
+                                              "Devices", "CacheStats", "SiblingReading"],
+    "no input at all (not even kernel files)": ["machine", "relieve", "report", "siblings"],
     "store construction, limits and paths (other work, see above)": ["Store", "store", "cached", "allow_write"],
 }
 
