@@ -9,8 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from . import cli_files
-from ._version import __version__
+from . import _version, cli_files
 from .api import cores, limits, pressure
 from .decide import chunk_bytes, worker_memory_limit
 from .errors import ApsiMemoryError, ArgumentError
@@ -33,9 +32,17 @@ class _Subcommand(argparse.ArgumentParser):
         return parsed, unknown
 
 
+class _Version(argparse.Action):
+    """``--version``, read only when asked for (the package metadata costs more than a ``status`` call)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.exit(message=f"{parser.prog} {_version.version()}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="apsi-memory", description="The memory this program really has.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Subcommand)
     cli_files.add_json_commands(sub, (("status", "RAM, swap, SSD, cores and GPUs in one line"),
                                       ("limits", "usable memory: the smaller of the host and the cgroup limit"),
