@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from sim import tree as machines
 from sim.tree import GiB, SimTree
 
@@ -33,6 +35,45 @@ def test_the_training_loop_finds_the_batch_that_fits_and_learns(tmp_path: Path) 
     losses = [float(loss) for _, loss, _ in epochs]
     assert losses[-1] < losses[0]
     assert "out of memory at batch 1024" in result.stderr and "trying 512" in result.stderr  # the WARNING log
+
+
+def suggested(name: str) -> list[str]:
+    """The first command line of an example's docstring, as a user would paste it (``python examples/x.py ...``)."""
+    doc = (EXAMPLES / name).read_text(encoding="utf-8").split('"""')[1]
+    line = next(line.split("#")[0].split() for line in doc.splitlines() if line.strip().startswith("python "))
+    assert line[:2] == ["python", f"examples/{name}"]
+    return line[2:]
+
+
+def test_the_training_loop_halves_its_batch_with_the_flags_its_docstring_suggests(tmp_path: Path) -> None:
+    """Before, ``--batch 1024 --device-mb 64`` fitted at once: nothing was halved."""
+    flags = suggested("training_loop.py")
+    first = int(flags[flags.index("--batch") + 1])
+    result = run("training_loop.py", *flags, cwd=tmp_path)
+    assert f"out of memory at batch {first}" in result.stderr
+    batches = {int(b) for b in re.findall(r"epoch \d: loss [\d.]+ at batch (\d+)", result.stdout)}
+    assert batches == {first // 2}
+
+
+def test_the_feature_pipeline_by_default_is_larger_than_its_budget_and_spills(tmp_path: Path) -> None:
+    """Before, the default budget was 70 % of free memory: on most machines the default input fitted in RAM."""
+    assert suggested("feature_pipeline.py") == []
+    result = run("feature_pipeline.py", cwd=tmp_path)
+    assert re.search(r"float32 \S+ GB SSD \S+\.npy — [\d.]+ MB is more than the 64\.0 MB left", result.stdout)
+
+
+def test_the_feature_pipeline_makes_the_rows_asked_for_even_when_a_data_file_exists(tmp_path: Path) -> None:
+    """Before, a second run with another --rows read the first run's raw_features.npy."""
+    assert "standardised 1,000 rows" in run("feature_pipeline.py", "--rows", "1000", cwd=tmp_path).stdout
+    assert "standardised 3,000 rows" in run("feature_pipeline.py", "--rows", "3000", cwd=tmp_path).stdout
+    named = tmp_path / "mine.npy"
+    np.save(named, np.ones((500, 4), dtype="float32"))
+    assert "standardised 500 rows x 4 columns" in run("feature_pipeline.py", "--input", str(named), cwd=tmp_path).stdout
+    env = {**os.environ, "HOME": str(tmp_path)}
+    refused = subprocess.run([sys.executable, str(EXAMPLES / "feature_pipeline.py"), "--input", str(named), "--rows",
+                              "900"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "holds 500 rows x 4 columns, not 900 x 4" in refused.stderr
+    assert np.load(named).shape == (500, 4)  # a file the user named is never overwritten
 
 
 def test_the_feature_pipeline_spills_its_output_and_keeps_its_statistics(tmp_path: Path) -> None:
