@@ -2,7 +2,7 @@
 
 Every name in ``apsi_memory.__all__`` exists and is public; every error class in ``errors.py`` is exported and
 derives from ``ApsiMemoryError`` and a builtin a caller would catch; the tree drawn in ``errors.py`` and in the
-README is the real class hierarchy; and no deliberate ``raise`` in the library uses a bare builtin.
+docs/reference/errors.md is the real class hierarchy; and no deliberate ``raise`` in the library uses a bare builtin.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from apsi_memory import errors
 from apsi_memory.errors import ApsiMemoryError
 
 PACKAGE = Path(apsi_memory.__file__).parent
-README = PACKAGE.parent / "README.md"
+ERRORS_PAGE = PACKAGE.parent / "docs" / "reference" / "errors.md"
 
 NOT_SCANNED_YET: set[str] = set()  # every module is scanned (the store side was converted on branch i9store)
 
@@ -105,8 +105,8 @@ def test_the_tree_drawn_in_errors_py_is_the_real_hierarchy():
     assert sorted(drawn_names) == sorted(error_module_classes()), "every class in errors.py is drawn once"
 
 
-def test_the_readme_draws_the_same_tree():
-    assert drawn_tree(README.read_text(encoding="utf-8")) == drawn_tree(errors.__doc__ or "")
+def test_the_docs_draw_the_same_tree():
+    assert drawn_tree(ERRORS_PAGE.read_text(encoding="utf-8")) == drawn_tree(errors.__doc__ or "")
 
 
 # -- the tree stays real ----------------------------------------------------------------------------------------
