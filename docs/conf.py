@@ -13,11 +13,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the checkout's package, also where it was not installed
 sys.path.insert(0, os.path.join(HERE, "_ext"))
 
-from apsi_memory import _version  # noqa: E402
+from apsi_memory import _version
 
 project = "apsi_memory"
 author = "the apsi_memory authors"
-copyright = "the apsi_memory authors, MIT licence"  # noqa: A001 - Sphinx's name for it
+copyright = "the apsi_memory authors, MIT licence"
 release = version = _version.version()
 
 extensions = ["sphinx.ext.autodoc", "myst_parser", "apsi_cli"]
