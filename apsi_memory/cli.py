@@ -37,7 +37,8 @@ class _Version(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:
-        parser.exit(message=f"{parser.prog} {_version.version()}\n")
+        print(f"{parser.prog} {_version.version()}")  # on stdout, as argparse's own version action prints
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
