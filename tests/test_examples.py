@@ -45,6 +45,23 @@ def suggested(name: str) -> list[str]:
     return line[2:]
 
 
+def test_the_readme_runs_each_example_with_the_venv_s_python_and_the_flags_its_docstring_suggests() -> None:
+    """The README activates the venv (so ``python`` is the one the library was installed into) before it shows
+    the examples; each command it shows is the example's own suggestion, which the tests here run."""
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    shown = [line.split("#")[0].split() for line in readme.splitlines() if line.strip().startswith("python examples/")]
+    assert sorted(words[1] for words in shown) == sorted(f"examples/{p.name}" for p in EXAMPLES.glob("*.py"))
+    for words in shown:
+        assert words[2:] == suggested(words[1].removeprefix("examples/")), words
+    assert readme.index("source .venv/bin/activate") < readme.index("python examples/")
+
+
+def test_container_sizing_runs_with_the_flags_its_docstring_suggests(tmp_path: Path) -> None:
+    lines = run("container_sizing.py", *suggested("container_sizing.py"), cwd=tmp_path).stdout.splitlines()
+    assert len(lines) == 2 and " usable (" in lines[0]
+    assert re.fullmatch(r"\d+ workers? \(of \d+ cores\), [\d,]+ rows per batch; pressure \w+", lines[1])
+
+
 def test_the_training_loop_halves_its_batch_with_the_flags_its_docstring_suggests(tmp_path: Path) -> None:
     """Before, ``--batch 1024 --device-mb 64`` fitted at once: nothing was halved."""
     flags = suggested("training_loop.py")
