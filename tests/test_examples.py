@@ -11,11 +11,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sim import tree as machines
 from sim.tree import GiB, SimTree
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(autouse=True)
+def calm_container(sim_machine: Callable[..., SimTree]) -> SimTree:
+    """Every example reads a simulated container (APSI_FS_ROOT, inherited by the subprocess) at pressure ``ok``:
+    on a busy machine the real PSI stalls reach ``high``, and the examples rightly behave differently there
+    (training_loop halves its batch before any out-of-memory error, arrays spill for the pressure)."""
+    return sim_machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
 
 
 def run(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -106,8 +115,7 @@ def test_the_feature_pipeline_spills_its_output_and_keeps_its_statistics(tmp_pat
     assert list((tmp_path / ".apsi" / "spill").iterdir()) == []  # the output was freed, its file deleted
 
 
-def test_container_sizing_follows_the_cgroup_limit(sim_machine: Callable[..., SimTree], tmp_path: Path) -> None:
-    sim_machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
+def test_container_sizing_follows_the_cgroup_limit(tmp_path: Path) -> None:
     text = run("container_sizing.py", cwd=tmp_path).stdout
     assert text.splitlines() == ["4.0 GB usable (container (cgroup v1)), 3.0 GB free, budget 2.1 GB",
                                  "2 workers (of 2 cores), 275,251 rows per batch; pressure ok"]
