@@ -27,66 +27,119 @@ Theory of operation
   ``devices`` + ``batch`` (GPUs and ``fit_batch``) build on the machine; ``_libc`` holds the C library calls,
   ``fileio`` the way new files are written. Importing does no work: fork hooks, ``atexit`` and reclaiming dead
   spill files come with first use. ``api`` and ``status`` are the readings of ``machine()``; ``cli`` prints them.
-  Every public name is re-exported here explicitly. README "Layout" draws the layers.
+  Every public name is re-exported here, imported on first use (``import apsi_memory`` loads no submodule).
+  The docs' "Internals" page draws the layers.
 """
 
 from __future__ import annotations
 
-from .decide import Level, Place
-from .errors import (
-    ApsiMemoryError,
-    ArgumentError,
-    ArgumentTypeError,
-    BatchTooSmallError,
-    BlockError,
-    BudgetWarning,
-    CacheKeyWarning,
-    ChunkError,
-    CorruptFileError,
-    DiskFullError,
-    MissingExtraError,
-    MissingFileError,
-    MissingKeyError,
-    NotCachedWarning,
-    NotFreedWarning,
-    OldEntryWarning,
-    PoolError,
-    SizeError,
-    StoreClosedError,
-    SystemCallError,
-    TamperWarning,
-    UnloadableWarning,
-    UnsafePathError,
-)
-from .units import parse_size
-from ._version import __version__ as __version__
+import importlib
+import sys
+import types
+import typing
 
-# -- the machine and its readings: limits, pressure, budget (machinery.py, readings.py, api.py), status (status.py) --
-from .api import budget, cores, current_level, limits, pressure, siblings  # (``siblings`` shadows the submodule)
-from .machinery import Machine, machine
-from .readings import Budget, Limits, Pressure, SiblingReading
-from .status import Status, status  # (the function shadows the submodule: ``from apsi_memory.status import Status``)
+if typing.TYPE_CHECKING:  # the names as type checkers see them; at run time ``__getattr__`` imports each on first use
+    from ._version import __version__ as __version__
+    from .api import budget, cores, current_level, limits, pressure, siblings
+    from .arrays import ArrayRecord, array, free, on_disk, report
+    from .batch import fit_batch
+    from .cached import cached
+    from .chunks import chunks
+    from .decide import Level, Place
+    from .devices import Cpu, Devices, Gpu, best_device, devices
+    from .errors import (
+        ApsiMemoryError,
+        ArgumentError,
+        ArgumentTypeError,
+        BatchTooSmallError,
+        BlockError,
+        BudgetWarning,
+        CacheKeyWarning,
+        ChunkError,
+        CorruptFileError,
+        DiskFullError,
+        MissingExtraError,
+        MissingFileError,
+        MissingKeyError,
+        NotCachedWarning,
+        NotFreedWarning,
+        OldEntryWarning,
+        PoolError,
+        SizeError,
+        StoreClosedError,
+        SystemCallError,
+        TamperWarning,
+        UnloadableWarning,
+        UnsafePathError,
+    )
+    from .machinery import Machine, machine
+    from .mapping import map, to_dask
+    from .pool import Pool, pool
+    from .readings import Budget, Limits, Pressure, SiblingReading
+    from .status import Status, status
+    from .store import CacheStats, Store, allow_write
+    from .store import store  # type: ignore[no-redef]  # mypy binds the subpackage here first; the function wins
+    from .units import parse_size
+    from .watch import Watcher, on_pressure, relieve
 
-# -- array, free, on_disk, report (arrays.py); pool (pool.py); on_pressure, relieve (watch.py) --
-# (the function ``pool`` shadows the submodule attribute: use ``from apsi_memory.pool import Pool``)
-from .arrays import ArrayRecord, array, free, on_disk, report
-from .pool import Pool, pool
-from .watch import Watcher, on_pressure, relieve
+# Where each public name lives. Importing them all costs ~45 ms after NumPy (psutil, hashlib, logging, ~60 modules
+# of ours); a CLI call or a script that needs three of them should not pay for the rest.
+_HOME: dict[str, str] = {name: module for module, names in (
+    ("_version", "__version__"),
+    ("api", "budget cores current_level limits pressure siblings"),
+    ("arrays", "ArrayRecord array free on_disk report"),
+    ("batch", "fit_batch"),
+    ("cached", "cached"),
+    ("chunks", "chunks"),
+    ("decide", "Level Place"),
+    ("devices", "Cpu Devices Gpu best_device devices"),
+    ("errors", ("ApsiMemoryError ArgumentError ArgumentTypeError BatchTooSmallError BlockError BudgetWarning "
+                "CacheKeyWarning ChunkError CorruptFileError DiskFullError MissingExtraError MissingFileError "
+                "MissingKeyError NotCachedWarning NotFreedWarning OldEntryWarning PoolError SizeError StoreClosedError SystemCallError TamperWarning UnloadableWarning "
+                "UnsafePathError")),
+    ("machinery", "Machine machine"),
+    ("mapping", "map to_dask"),
+    ("pool", "Pool pool"),
+    ("readings", "Budget Limits Pressure SiblingReading"),
+    ("status", "Status status"),
+    ("store", "CacheStats Store allow_write store"),
+    ("units", "parse_size"),
+    ("watch", "Watcher on_pressure relieve"),
+) for name in names.split()}
 
-# -- chunks (chunks.py) and map (mapping.py), over blocks.py, pages.py, sources.py --
-# (``map`` shadows the builtin inside this namespace only: ``memory.map``)
-from .chunks import chunks
-from .mapping import map, to_dask
 
-# -- store and cached (store/__init__.py, store/folders.py, cached.py) --
-# (the functions ``store`` and ``cached`` shadow their submodules: use ``from apsi_memory.store import Store``)
-from .cached import cached
-from .store import CacheStats, Store, allow_write, store
+def __getattr__(name: str) -> typing.Any:
+    """A public name, imported from its module on first use; or a submodule (``apsi_memory.spill``)."""
+    if name in _HOME:
+        value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__"):  # dunders are probed by tools (``__wrapped__``): never a submodule
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-# -- devices, best_device (devices.py) and fit_batch (batch.py) --
-# (the function ``devices`` shadows the submodule attribute: use ``from apsi_memory.devices import gpus``)
-from .batch import fit_batch
-from .devices import Cpu, Devices, Gpu, best_device, devices
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+class _Package(types.ModuleType):
+    """The functions ``status``, ``pool``, ``chunks``, ``cached``, ``store``, ``devices`` and ``siblings`` share a
+    module's name.
+    Loading a submodule makes the import system set it as an attribute of this package; for those the function
+    stays there instead (``memory.store(...)`` after ``import apsi_memory.store``), as the eager imports did."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and name in _HOME:  # a function named like a submodule stays
+            value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "Machine",

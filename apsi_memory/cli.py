@@ -13,8 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from . import cli_files
-from ._version import __version__
+from . import _version, cli_files
 from .api import cores, limits, pressure
 from .decide import chunk_bytes, worker_memory_limit
 from .errors import ApsiMemoryError
@@ -49,10 +48,19 @@ class _Subcommand(_Parser):
         return parsed, unknown
 
 
+class _Version(argparse.Action):
+    """``--version``, read only when asked for (the package metadata costs more than a ``status`` call)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog} {_version.version()}")  # on stdout, as argparse's own version action prints
+        parser.exit()
+
+
 def _parser(json_errors: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(prog="apsi-memory", description="The memory this program really has.",
                      epilog="Sizes are binary: 1 KB = 1024 bytes, 1 MB = 1024 KB, 1 GB = 1024 MB.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Subcommand)
     cli_files.add_json_commands(sub, (("status", "RAM, swap, SSD, cores and GPUs in one line"),
                                       ("limits", "usable memory: the smaller of the host and the cgroup limit"),

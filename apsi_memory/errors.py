@@ -3,7 +3,7 @@
 Every error the library raises on purpose derives from ``ApsiMemoryError`` and also from the builtin a caller
 would already catch for that kind of problem (``ValueError`` for bad input, ``OSError`` for the disk,
 ``MemoryError`` for running out), so ``except ValueError`` keeps working. The tree (a test checks it against the
-classes below; the README shows the same drawing)::
+classes below; docs/reference/errors.md shows the same drawing)::
 
     ApsiMemoryError(Exception)
     ├── ArgumentError(ValueError)

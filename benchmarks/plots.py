@@ -1,16 +1,22 @@
-"""The pictures in the README, drawn from one run on the machine at hand (``pip install '.[plot]'``: matplotlib).
+"""The pictures of the docs, drawn from one run on the machine at hand (``pip install '.[plot]'``: matplotlib).
 
-    .venv/bin/python benchmarks/plots.py                    # all four into docs/
-    .venv/bin/python benchmarks/plots.py --only store pool  # some of them
-    .venv/bin/python benchmarks/plots.py --rows 25_000_000  # a 0.8 GB file for the streaming picture
+    python benchmarks/plots.py                    # all four into docs/
+    python benchmarks/plots.py --only store pool  # some of them
+    python benchmarks/plots.py --rows 25_000_000  # a 0.8 GB file for the streaming picture
+
+The store and pool pictures are medians of several rounds (``--rounds``), and the numbers each one draws are
+written beside it (``docs/store_set.json``, ``docs/pool.json``, with the command): the figures the docs quote for a
+picture are those numbers (``tests/test_plots.py`` checks).
 
 * ``docs/rss_stream.png``: RSS over time while a child process streams a ``.npy`` (``--rows`` x 8 float32, 3.2 GB
   by default) with ``np.load``, a plain ``np.load(mmap_mode="r")`` and ``memory.chunks``, sampled from
   ``/proc/<pid>/status`` every 20 ms (the children are ``benchmarks/rss_stream.py --child``);
 * ``docs/store_set.png``: time per ``set`` of a 1 KiB array as a store fills up to ``--entries``, for
-  ``memory.store`` and diskcache (the median of each batch of 500 sets);
+  ``memory.store`` and diskcache (the median of each batch of 500 sets, then the median over the rounds, each
+  round a fresh store of each kind);
 * ``docs/pool.png``: the time of each of twenty 256 MiB temporaries, fresh (``numpy.zeros``) against
-  ``pool.take(zero=True)`` and ``zero=False`` (``benchmarks/bench_pool.py``'s steps);
+  ``pool.take(zero=True)`` and ``zero=False`` (``benchmarks/bench_pool.py``'s steps; the median over the rounds,
+  the ways taking turns within each round, after one round that warms the pools up);
 * ``docs/oom.png``: a real 1 GiB cgroup v1 memory group (root, ``/sys/fs/cgroup/memory``): its usage over time
   while ``tests/real/test_arrays_oom.py``'s script makes and fills three 1 GiB arrays with ``numpy.zeros``
   (killed) and with ``memory.array`` (finishes), the limit drawn as a line. The group is named
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -65,6 +72,24 @@ def save(fig: Any, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     print(f"wrote {path} ({os.path.getsize(path) / 1024:.0f} KB)", flush=True)
+
+
+def save_numbers(path: str, command: str, numbers: dict[str, Any]) -> None:
+    """What a picture drew, beside it as JSON: the docs quote these numbers, and a test holds them to it."""
+    load = [round(x, 1) for x in os.getloadavg()]  # the machine's other work: it moves these figures
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"command": command, "load_average_1_5_15_min": load, **numbers}, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"wrote {path}: {numbers.get('summary')}", flush=True)
+
+
+def rounded(values: Sequence[float]) -> list[float]:
+    return [round(value, 3) for value in values]
+
+
+def medians(runs: Sequence[Sequence[float]]) -> list[float]:
+    """Point by point, the median over the rounds."""
+    return [statistics.median(point) for point in zip(*runs)]
 
 
 def sample(proc: subprocess.Popen[bytes], read: Callable[[], int | None], every: float
@@ -135,25 +160,36 @@ def set_times(setter: Callable[[Any, Any], None], entries: int, batch: int) -> t
     return counts, micros
 
 
-def store_figure(plt: Any, out: str, entries: int, folder: str) -> None:
+def store_figure(plt: Any, out: str, entries: int, folder: str, rounds: int) -> None:
     import diskcache
 
-    fig, ax = plt.subplots(figsize=(7, 3.4))
+    micros: dict[str, list[list[float]]] = {"memory.store": [], "diskcache": []}
     memory.allow_write(folder)
-    ours = memory.store(os.path.join(folder, "apsi"), ram_mb=256, disk_gb=20)
-    theirs = diskcache.Cache(os.path.join(folder, "diskcache"), size_limit=20 << 30)
-    try:
-        for name, setter in (("memory.store", ours.set), ("diskcache", theirs.set)):
-            counts, micros = set_times(setter, entries, 500)
-            ax.plot(counts, micros, label=f"{name} (median {statistics.median(micros):.0f} µs)", color=STYLE[name])
-    finally:
-        ours.close()
-        theirs.close()
+    for round_ in range(rounds):
+        ours = memory.store(os.path.join(folder, f"apsi-{round_}"), ram_mb=256, disk_gb=20)
+        theirs = diskcache.Cache(os.path.join(folder, f"diskcache-{round_}"), size_limit=20 << 30)
+        try:
+            for name, setter in (("memory.store", ours.set), ("diskcache", theirs.set)):
+                counts, times = set_times(setter, entries, 500)
+                micros[name].append(times)
+        finally:
+            ours.close()
+            theirs.close()
+    drawn = {name: medians(runs) for name, runs in micros.items()}
+    median = {name: statistics.median(points) for name, points in drawn.items()}
+    ratio = median["diskcache"] / median["memory.store"]
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for name, points in drawn.items():
+        ax.plot(counts, points, label=f"{name} (median {median[name]:.0f} µs)", color=STYLE[name])
     ax.set(xlabel="entries in the store", ylabel="µs per set (median of 500)", ylim=(0, None),
-           title="store.set of a 1 KiB array as the store fills")
+           title=f"store.set of a 1 KiB array: {ratio:.1f}x diskcache's speed (median of {rounds} rounds)")
     ax.legend()
     ax.grid(alpha=0.3)
     save(fig, os.path.join(out, "store_set.png"))
+    save_numbers(os.path.join(out, "store_set.json"),
+                 f"python benchmarks/plots.py --only store --entries {entries} --rounds {rounds}",
+                 {"rounds": rounds, "entries": counts, "micros_per_set": {n: rounded(p) for n, p in drawn.items()}, "median_micros": median,
+                  "summary": {"times_faster_than_diskcache": round(ratio, 1)}})
 
 
 # -- pool against fresh allocation ---------------------------------------------------------------------------------
@@ -184,18 +220,30 @@ def pool_steps(shape: tuple[int, int]) -> dict[str, Callable[[], None]]:
             "take(zero=False)": pooled(memory.pool(1), False)}
 
 
-def pool_figure(plt: Any, out: str, shape: tuple[int, int], steps: int) -> None:
+def pool_figure(plt: Any, out: str, shape: tuple[int, int], steps: int, rounds: int) -> None:
+    ways = pool_steps(shape)
+    runs: dict[str, list[list[float]]] = {name: [] for name in ways}
+    for round_ in range(rounds + 1):  # round 0 fills the pools, as bench_pool.py's warm-up round does
+        for name, step in ways.items():  # taking turns, so a busier minute slows every way alike
+            times = step_times(step, steps)
+            if round_:
+                runs[name].append(times)
+    total = {name: statistics.median(sum(times) for times in rounds_) for name, rounds_ in runs.items()}
+    faster = {name: total["fresh"] / total[name] for name in ways}
     fig, ax = plt.subplots(figsize=(7, 3.4))
-    for name, step in pool_steps(shape).items():
-        times = step_times(step, steps)
-        ax.plot(range(1, steps + 1), times, marker="o", markersize=3, color=STYLE[name],
-                label=f"{name}: {sum(times):,.0f} ms in all")
+    for name, rounds_ in runs.items():
+        ax.plot(range(1, steps + 1), medians(rounds_), marker="o", markersize=3, color=STYLE[name],
+                label=f"{name}: {total[name]:,.0f} ms in all, {faster[name]:.2f}x fresh's speed")
     mib = shape[0] * shape[1] * 8 / MiB
     ax.set(xlabel="temporary", ylabel="ms (take, fill, give back)", ylim=(0, None),
-           title=f"{steps} temporaries of {mib:.0f} MiB: fresh memory against the pool")
+           title=f"{steps} temporaries of {mib:.0f} MiB, fresh against the pool (median of {rounds} rounds)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend()
     ax.grid(alpha=0.3)
     save(fig, os.path.join(out, "pool.png"))
+    save_numbers(os.path.join(out, "pool.json"), f"python benchmarks/plots.py --only pool --rounds {rounds} --pool-shape {shape[0]} {shape[1]}",
+                 {"rounds": rounds, "shape": list(shape), "ms_per_temporary": {n: rounded(medians(r)) for n, r in runs.items()},
+                  "ms_in_all": total, "summary": {"times_faster_than_fresh": {n: round(faster[n], 2) for n in ways}}})
 
 
 # -- a real 1 GiB container ----------------------------------------------------------------------------------------
@@ -279,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=100_000_000, help="rows of 8 float32 for the streaming file")
     parser.add_argument("--entries", type=int, default=100_000, help="entries to fill each store to")
     parser.add_argument("--pool-shape", type=int, nargs=2, default=list(bench_pool.SHAPE))
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the store and pool pictures (medians)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the big files go (deleted after)")
     args = parser.parse_args(argv)
     plt = pyplot()
@@ -288,9 +337,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if "rss" in args.only:
             rss_figure(plt, args.out, args.rows, work)
         if "store" in args.only:
-            store_figure(plt, args.out, args.entries, work)
+            store_figure(plt, args.out, args.entries, work, args.rounds)
         if "pool" in args.only:
-            pool_figure(plt, args.out, (args.pool_shape[0], args.pool_shape[1]), bench_pool.STEPS)
+            pool_figure(plt, args.out, (args.pool_shape[0], args.pool_shape[1]), bench_pool.STEPS, args.rounds)
         if "oom" in args.only:
             oom_figure(plt, args.out, work)
     finally:

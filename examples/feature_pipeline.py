@@ -2,7 +2,11 @@
 (``memory.chunks`` for the statistics, ``memory.map`` for the transform, whose output spills to the SSD by itself),
 and the per-column statistics are kept in a ``memory.store`` so a second run skips the first pass.
 
+    python examples/feature_pipeline.py                                      # 122 MB through a 64 MB budget
     python examples/feature_pipeline.py --rows 20000000 --budget-mb 512     # a 1.2 GB input
+
+Without ``--input`` it writes test data to ``raw_features-<rows>x<columns>.npy`` in the working folder (kept for
+the next run: delete it when done). With ``--input`` it reads that file, and makes it only if it is not there.
 """
 
 from __future__ import annotations
@@ -50,18 +54,26 @@ def column_stats(path: str, cache: memory.Store) -> tuple[np.ndarray, np.ndarray
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4_000_000)
-    parser.add_argument("--columns", type=int, default=16)
-    parser.add_argument("--budget-mb", type=float, default=None, help="RAM budget for big arrays (default: 70 %% free)")
-    parser.add_argument("--input", default="raw_features.npy")
+    parser.add_argument("--rows", type=int, help="rows of test data to make (default 2,000,000)")
+    parser.add_argument("--columns", type=int, help="columns of test data to make (default 16)")
+    parser.add_argument("--budget-mb", type=float, default=64, help="RAM budget for big arrays (default 64; the "
+                        "default input is larger, so the output spills)")
+    parser.add_argument("--input", help="a 2-d float .npy to standardise (default: test data of --rows x --columns)")
     args = parser.parse_args()
-    if args.budget_mb is not None:
-        memory.budget(f"{args.budget_mb}MB")
-    if not os.path.exists(args.input):
-        make_input(args.input, args.rows, args.columns)
+    memory.budget(f"{args.budget_mb}MB")
+    rows, columns = args.rows or 2_000_000, args.columns or 16
+    path = args.input or f"raw_features-{rows}x{columns}.npy"
+    if not os.path.exists(path):
+        make_input(path, rows, columns)
+    shape = np.load(path, mmap_mode="r").shape  # reads the header only
+    asked = (args.rows or shape[0], args.columns or shape[1])
+    if args.input and asked != shape:  # never overwrite a file the user named, and never ignore what was asked
+        parser.error(f"{path} holds {shape[0]:,} rows x {shape[1]} columns, not {asked[0]:,} x {asked[1]}: "
+                     "leave out --rows/--columns to use it, or name another --input")
+    print(f"input {path}: {shape[0]:,} rows x {shape[1]} columns")
     cache = memory.store("feature-pipeline", ram_mb=16, disk_gb=1)
-    mean, std = column_stats(args.input, cache)
-    scaled = memory.map(lambda block: (block - mean.astype("float32")) / std.astype("float32"), args.input,
+    mean, std = column_stats(path, cache)
+    scaled = memory.map(lambda block: (block - mean.astype("float32")) / std.astype("float32"), path,
                         rows=500_000)
     print(f"standardised {scaled.shape[0]:,} rows x {scaled.shape[1]} columns")
     print(memory.report()[-1])  # where the output lives, and why

@@ -7,7 +7,9 @@ limit on its activations (``--device-mb``) and raises the same ``MemoryError`` a
 ``OutOfMemoryError`` is handled the same way). ``on_pressure`` watches the level in a background thread; at
 ``high`` the loop halves its batch before the next epoch instead of waiting for an out-of-memory error.
 
-    python examples/training_loop.py --batch 1024 --device-mb 64
+    python examples/training_loop.py --batch 1024 --device-mb 8
+
+prints the out-of-memory at batch 1024 (16 MB of activations against 8 MB) and the epochs at batch 512.
 """
 
 from __future__ import annotations
@@ -39,11 +41,11 @@ class Model:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=50_000)
+    parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--features", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--device-mb", type=float, default=16, help="memory the activations may take")
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=1024, help="the batch to try first")
+    parser.add_argument("--device-mb", type=float, default=8, help="memory the activations may take")
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
 

@@ -93,7 +93,8 @@ def test_zero_budget_sends_every_big_array_to_the_ssd_and_keeps_small_ones_in_ra
 
 
 def test_a_budget_larger_than_free_memory_does_not_put_an_array_in_ram_that_cannot_fit(pressure_machine):
-    memory.budget("1TB")
+    with pytest.warns(memory.BudgetWarning, match="usable here"):  # above the sim container's memory, on purpose
+        memory.budget("1TB")
     pressure_machine.set_usage(128 * MiB)  # 128 MiB of 256 free: level still ok
     pressure_machine.next_measurement()
     assert memory.on_disk(memory.array(200 * MiB, "uint8"))
@@ -114,7 +115,8 @@ def test_arrays_not_written_yet_still_count_against_free_memory(pressure_machine
 
 
 def test_written_arrays_are_counted_once(pressure_machine):
-    memory.budget("1GB")  # only free memory limits here
+    with pytest.warns(memory.BudgetWarning, match="usable here"):  # above the sim container's memory, on purpose
+        memory.budget("1GB")  # only free memory limits here
     pressure_machine.set_usage(56 * MiB)
     written = memory.array(96 * MiB, "uint8")
     written[:] = 1
@@ -127,7 +129,8 @@ def test_written_arrays_are_counted_once(pressure_machine):
 @pytest.mark.parametrize("level,on_ssd", [(Level.OK, False), (Level.MODERATE, False), (Level.HIGH, True),
                                           (Level.CRITICAL, True)])
 def test_big_arrays_go_to_the_ssd_from_high_pressure_on(pressure_machine, level, on_ssd):
-    memory.budget("1GB")  # the budget is no reason to spill here: only the level is
+    with pytest.warns(memory.BudgetWarning, match="usable here"):  # above the sim container's memory, on purpose
+        memory.budget("1GB")  # the budget is no reason to spill here: only the level is
     pressure_machine.at(level)
     pressure_machine.next_measurement()
     assert memory.on_disk(memory.array(2 * MiB, "uint8")) is on_ssd

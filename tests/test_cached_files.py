@@ -37,7 +37,8 @@ def test_str_parameters_named_in_files_are_keyed_by_the_file(tmp_path: Path) -> 
     @memory.cached(files=("path",))
     def size(path: str, label: str = "x") -> int:
         ran(path)
-        return len(open(path, "rb").read())
+        with open(path, "rb") as f:
+            return len(f.read())
 
     doc = tmp_path / "doc.bin"
     doc.write_bytes(b"abc")

@@ -1,4 +1,4 @@
-"""The import direction of the package (README "Layout"): decisions ← adapters ← machine ← features ← api.
+"""The import direction of the package (docs/internals.md, "Layout"): decisions ← adapters ← machine ← features ← api.
 
 An AST scan of every module under ``apsi_memory/``, imports inside functions and ``TYPE_CHECKING`` blocks
 included: a module may import its own layer and the layers below, never one above, and the import graph has no

@@ -172,6 +172,9 @@ def assert_no_failure_within_the_limit(who: str, failures: list[str], peak: Peak
     assert most <= LIMIT + in_flight + 4096
 
 
+# Forked on purpose (several writer processes on one store) from a process with threads; the store resets its
+# locks in the child (os.register_at_fork), which is what this test relies on.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_four_processes_of_3000_sets_with_eviction_raise_nothing_and_stay_within_the_limit(home):
     processes, sets = 4, 3000
     folder = os.path.join(home / "stores", "evicting")
