@@ -135,7 +135,9 @@ class _Package(types.ModuleType):
 
     def __setattr__(self, name: str, value: object) -> None:
         if isinstance(value, types.ModuleType) and name in _HOME:  # a function named like a submodule stays
-            value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+            if _HOME[name] != name:
+                return  # ``siblings`` lives in ``api``: ``__getattr__`` imports it on first use (no import cycle)
+            value = getattr(value, name)
         super().__setattr__(name, value)
 
 

@@ -63,15 +63,16 @@ def test_relieve_loads_libc_on_first_use():
 
 def test_importing_loads_no_submodule_and_the_functions_keep_their_names_after_their_modules_load():
     """Issue 21, item 10: every public name is imported on first use (benchmarks/bench_import.py has the time).
-    ``store``, ``cached``, ``status``, ``pool``, ``chunks`` and ``devices`` share a submodule's name: loading the
+    ``store``, ``cached``, ``status``, ``pool``, ``chunks``, ``devices`` and ``siblings`` share a submodule's name: loading the
     submodule first (``cached`` imports ``store``) must leave the function there, as the eager imports did."""
     code = textwrap.dedent("""
         import sys
         import apsi_memory as memory
         print(sorted(name for name in sys.modules if name.startswith("apsi_memory.")))
         import apsi_memory.cached, apsi_memory.chunks, apsi_memory.devices, apsi_memory.pool, apsi_memory.status
+        import apsi_memory.siblings  # the function ``siblings`` lives in ``api``, which imports this module
         from apsi_memory.store import Store
-        shadowed = ("cached", "chunks", "devices", "pool", "status", "store")
+        shadowed = ("cached", "chunks", "devices", "pool", "status", "store", "siblings")
         print(all(callable(getattr(memory, name)) and getattr(memory, name).__name__ == name for name in shadowed))
         print(memory.spill.__name__, memory.Store is Store, memory.__version__ != "")
     """)
