@@ -85,7 +85,7 @@ def test_the_feature_pipeline_by_default_is_larger_than_its_budget_and_spills(tm
     """Before, the default budget was 70 % of free memory: on most machines the default input fitted in RAM."""
     assert suggested("feature_pipeline.py") == []
     result = run("feature_pipeline.py", cwd=tmp_path)
-    assert re.search(r"float32 \S+ GB SSD \S+\.npy — [\d.]+ MB is more than the 64\.0 MB left", result.stdout)
+    assert re.search(r"float32 [\d.]+ [KMGT]?B SSD \S+\.npy — [\d.]+ MB is more than the 64\.0 MB left", result.stdout)
 
 
 def test_the_feature_pipeline_makes_the_rows_asked_for_even_when_a_data_file_exists(tmp_path: Path) -> None:

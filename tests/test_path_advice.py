@@ -257,7 +257,7 @@ def test_the_cli_takes_an_empty_store_name_as_an_error_before_removing_anything(
     s.set("k", 1)
     s.close()
     assert main(["clean", "--store", "", "--json"]) == 1
-    assert "--store takes the plain name of a store" in capsys.readouterr().err
+    assert "--store takes the plain name of a store" in json.loads(capsys.readouterr().out)["error"]  # --json
     assert memory.store("t").get("k") == 1
     assert main(["clean", "--json", "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out)["store"] is None
