@@ -29,6 +29,7 @@ import pytest
 import apsi_memory as memory
 from apsi_memory.errors import TamperWarning
 from apsi_memory.units import GiB
+from tests.test_store_tamper import flip_byte
 
 pytestmark = [pytest.mark.faults, pytest.mark.skipif(sys.platform != "linux", reason="fork and SIGKILL: Linux")]
 
@@ -323,14 +324,6 @@ def test_cached_makes_no_reference_cycle(home):
 
 # -- issue 20: a damaged last record, a copied checkpoint, forks during close, killed checkpoint writes ----------
 
-def flip(path: str, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_a_damaged_last_record_never_brings_back_the_older_value():
     """Issue 20 item 2: the lock file's recorded end shows the last write completed, so a last record that does
     not parse is damage (a miss and a warning), not a crash's torn tail. Before the fix 39 of 96 positions read
@@ -346,7 +339,7 @@ def test_a_damaged_last_record_never_brings_back_the_older_value():
     for at in range(before, len(saved["index"])):
         for name, content in saved.items():
             Path(s.folder, name).write_bytes(content)  # in place: the lock file keeps its inode
-        flip(os.path.join(s.folder, "index"), at)
+        flip_byte(os.path.join(s.folder, "index"), at, mask=0xFF)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             reader = memory.store("t", ram_mb=0)

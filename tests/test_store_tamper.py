@@ -38,12 +38,12 @@ def assert_miss_removed_and_named(s: memory.Store, key, path: str) -> None:
         assert not os.path.exists(path)
 
 
-def flip_byte(path: str, at: int) -> None:
+def flip_byte(path: str, at: int, mask: int = 0x01) -> None:
     with open(path, "r+b") as f:
         f.seek(at)
         byte = f.read(1)
         f.seek(at)
-        f.write(bytes([byte[0] ^ 0x01]))
+        f.write(bytes([byte[0] ^ mask]))
 
 
 @pytest.mark.parametrize("where", [0, 100, -40, -1])
