@@ -351,7 +351,8 @@ SWEEP = [
     *_cases("allow_write", lambda w: lambda tmp: memory.allow_write(w), memory.ApsiMemoryError,
             [(label, wrong, f"allow_write: path .*{problem}") for label, wrong, problem in PATHS]
             + [("empty", "", "allow_write needs a folder, not '' .an empty path would allow the working folder"),
-               ("blank", "  ", "allow_write needs a folder, not '  '")]),
+               ("blank", "  ", "allow_write needs a folder, not '  '"),
+               ("relative", "cache", "path 'cache' is a relative path, .* give an absolute path \\(os.path.abspath")]),
     *_cases("cached", lambda w: _cached(store=w), memory.ApsiMemoryError,
             [(f"store {label}", wrong, f"@cached: store must be a Store or a name or path .*not {type(wrong).__name__}")
              for label, wrong, _ in PATHS[:5]]

@@ -35,10 +35,15 @@ def allow_write(path: str | os.PathLike[str]) -> None:
     text = path_text(path, "allow_write: path")
     if not text.strip():
         raise ArgumentError(f"allow_write needs a folder, not {text!r} (an empty path would allow the working "
-                                "folder)")
+                            "folder)")
+    folder = os.path.expanduser(text)
+    if not os.path.isabs(folder):  # as for APSI_ALLOW_WRITE and store paths: no meaning that depends on the cwd
+        raise ArgumentError(f"allow_write: path {text!r} is a relative path, which would allow another folder in "
+                            f"every working folder; give an absolute path (os.path.abspath({text!r}) for the working "
+                            "folder's)")
     _register_fork_hook()
     with _allowed_lock:
-        _allowed.add(os.path.realpath(os.path.expanduser(text)))
+        _allowed.add(os.path.realpath(folder))
 
 
 def _allowed_roots() -> list[str]:
