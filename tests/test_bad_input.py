@@ -382,7 +382,7 @@ def test_the_store_names_still_take_path_objects_and_numpy_numbers(tmp_path, mon
     with memory.store(tmp_path / "s", ram_mb=np.int64(64), disk_gb=np.float32(0.5)) as s:
         s["k"] = 1
         assert (s.ram_asked, s.disk_limit) == (64 * MiB, 512 * MiB)
-    Store(tmp_path / "s", "s", np.int64(0), MiB).close()  # type: ignore[arg-type]
+    Store(tmp_path / "s", "s", np.int64(0), MiB).close()
     twice = memory.cached(store=tmp_path / "c", ram_mb=np.int64(1))(lambda x: 2 * x)
     assert twice(3) == 6 and twice.store.folder == str(tmp_path / "c")  # type: ignore[attr-defined]
 

@@ -56,7 +56,7 @@ class Store:
     are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable. An array read back is writable and
     the caller's own (``get``)."""
 
-    def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
+    def __init__(self, folder: str | os.PathLike[str], label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
         folder = checked_arguments(folder, label, level)
         allowed_folder(folder)  # before anything is made there: the check ``memory.store`` makes
