@@ -41,14 +41,14 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
 import numpy as np
 
 from .errors import ArgumentError, ArgumentTypeError, CacheKeyWarning, DiskFullError, NotCachedWarning
 from .hashing import file_digest, function_digest, value_digest
-from .store import DEFAULT_DISK_GB, DEFAULT_RAM_MB, CacheStats, Store
+from .store import DEFAULT_DISK_GB, DEFAULT_RAM_MB, CacheStats, Store, limits, path_text
 from .store import store as open_store
 from .store.stats import Counts
 
@@ -76,6 +76,9 @@ def cached(func: Callable[..., Any] | None = None, *, store: Store | str = DEFAU
     The store opens on the first call, so decorating costs nothing at import. The wrapper's ``.store`` is that
     store (``None`` before the first call); ``.stats()`` counts this function's hits, misses and evictions in this
     process (``CacheStats``); ``.clear()`` removes this function's entries only and returns how many went."""
+    if not isinstance(store, Store) and not path_text(store, "@cached: store", "a Store or a name or path"):
+        raise ArgumentError("@cached: store name '' is empty; use e.g. store='features'")
+    limits(ram_mb, disk_gb)  # checked at the decorating line, not at the first call
     if func is None:
         return lambda f: _Cached(f, store, ram_mb, disk_gb, files).wrapper()
     return _Cached(func, store, ram_mb, disk_gb, files).wrapper()
@@ -191,6 +194,14 @@ def _file_parameters(signature: inspect.Signature, files: Sequence[str], func: C
     """``files`` checked against the signature: a name that is no parameter is a mistake caught at decoration."""
     if isinstance(files, str):
         files = (files,)  # files="path" means the one parameter, not its letters
+    if not isinstance(files, Iterable) or isinstance(files, bytes):
+        raise ArgumentTypeError(f"@cached(files=...) takes parameter names (str or a sequence of str), not "
+                                f"{type(files).__name__} ({files!r})")
+    files = tuple(files)
+    for name in files:
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"@cached(files=...) takes parameter names (str or a sequence of str), not "
+                                    f"{type(name).__name__} ({name!r})")
     unknown = [name for name in files if name not in signature.parameters]
     if unknown:
         raise ArgumentError(f"@cached(files=...): {func.__qualname__} has no parameter {unknown[0]!r}; its parameters "

@@ -10,7 +10,7 @@ import pickle
 import pytest
 
 import apsi_memory as memory
-from apsi_memory.errors import ArgumentTypeError, SizeError, UnloadableWarning, UnsafePathError
+from apsi_memory.errors import ArgumentError, ArgumentTypeError, SizeError, UnloadableWarning, UnsafePathError
 from apsi_memory.store import Store
 
 
@@ -80,12 +80,14 @@ def test_a_store_made_directly_outside_the_allowed_folders_is_refused_and_nothin
     Store(str(folder), "s", 0, 1 << 20).close()  # allowed now, as for memory.store
 
 
-@pytest.mark.parametrize("limit", [-1, float("nan"), float("inf"), True, 1.5, "1", None])
+@pytest.mark.parametrize(("limit", "error"), [(-1, ArgumentError), (2**63, ArgumentError)] + [
+    (wrong, ArgumentTypeError) for wrong in (float("nan"), float("inf"), True, 1.5, "1", None)])
 @pytest.mark.parametrize("which", [0, 1], ids=["ram_bytes", "disk_bytes"])
-def test_store_limits_made_directly_must_be_whole_bytes_of_at_least_zero(home, limit, which):
+def test_store_limits_made_directly_must_be_whole_bytes_of_at_least_zero(home, limit, error, which):
+    """The check ``Pool(max_bytes)`` makes (``units.byte_count``): a type error for what is not a whole number."""
     limits = [0, 1 << 20]
     limits[which] = limit
-    with pytest.raises(SizeError, match=["ram_bytes", "disk_bytes"][which]):
+    with pytest.raises(error, match=f"Store: {['ram_bytes', 'disk_bytes'][which]}"):
         Store(str(home / "stores" / "s"), "s", *limits)
 
 

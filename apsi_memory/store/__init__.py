@@ -81,26 +81,36 @@ lose recent entries, and the CRC'd journal then drops whatever it cannot read ba
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 
 from ..errors import SizeError
 from ..paths import display, private_dir, store_dir
 from ..units import GiB, MiB
-from .folders import allow_write, resolve_folder
+from .folders import allow_write, path_text, resolve_folder
 from .keys import Key, decode_key, encode_key
 from .stats import CacheStats
 from .store import Store
 
 __all__ = ["DEFAULT_DISK_GB", "DEFAULT_RAM_MB", "CacheStats", "Key", "Store", "allow_write", "decode_key", "encode_key",
-           "resolve_folder", "store"]
+           "limits", "path_text", "resolve_folder", "store"]
 
 DEFAULT_RAM_MB = 256.0
 DEFAULT_DISK_GB = 10.0
 
 
+def limits(ram_mb: float, disk_gb: float) -> tuple[int, int]:
+    """``ram_mb`` and ``disk_gb`` as bytes, each checked (``SizeError`` naming it): what ``store`` and ``@cached``
+    take."""
+    return _size_bytes(ram_mb, MiB, "ram_mb"), _size_bytes(disk_gb, GiB, "disk_gb")
+
+
 def _size_bytes(value: float, unit: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
         raise SizeError(f"{what} must be a finite number of at least 0, not {value!r}")
+    if value * unit >= 2**63:  # would pass here and fail, unnamed, deep in the tiers' arithmetic
+        raise SizeError(f"{what}={value!r} is larger than any machine's memory")
     return int(value * unit)
 
 
@@ -116,8 +126,7 @@ def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
     ``with memory.store(...) as s:`` closes it at the end; ``s.stats()`` counts hits, misses and evictions. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
     user could write is refused with an ``UnsafePathError`` naming the fix.
     """
-    ram_bytes = _size_bytes(ram_mb, MiB, "ram_mb")
-    disk_bytes = _size_bytes(disk_gb, GiB, "disk_gb")
+    ram_bytes, disk_bytes = limits(ram_mb, disk_gb)
     folder = resolve_folder(name_or_path)
     if os.path.dirname(folder) == store_dir():
         private_dir(store_dir())  # the folder of named stores: ours, and writable by nobody else

@@ -26,10 +26,10 @@ from ..fileio import write_new
 from ..machinery import machine
 from ..signing import user_key
 from ..trust import open_folder
-from ..units import MiB, fmt_size
+from ..units import MiB, byte_count, fmt_size
 from . import checkpoint, datafiles, forks
 from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
-from .folders import allowed_folder
+from .folders import allowed_folder, checked_arguments
 from .journal import _Journal, close_files, disk_full
 from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, OldKey, decode_key, encode_key, new_stem, shown_key
 from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
@@ -50,25 +50,20 @@ COMPACT_MIN_BYTES = 4 * MiB
 _MISSING = object()
 
 
-def _bytes_limit(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SizeError(f"{what} must be a whole number of bytes of at least 0, not {value!r}")
-    return value
-
-
 class Store:
     """A two-tier cache in ``folder``, a mapping from keys to values. Use ``memory.store(name_or_path, ram_mb=...,
     disk_gb=...)``. Keys are ``str``, ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys); values
     are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable. An array read back is writable and
     the caller's own (``get``)."""
 
-    def __init__(self, folder: str, label: str, ram_bytes: int, disk_bytes: int,
+    def __init__(self, folder: str | os.PathLike[str], label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
+        folder = checked_arguments(folder, label, level)
         allowed_folder(folder)  # before anything is made there: the check ``memory.store`` makes
         self.folder = folder
         self.label = label
-        self.ram_asked = _bytes_limit(ram_bytes, "ram_bytes")
-        self.disk_limit = _bytes_limit(disk_bytes, "disk_bytes")
+        self.ram_asked = byte_count(ram_bytes, "Store: ram_bytes")
+        self.disk_limit = byte_count(disk_bytes, "Store: disk_bytes")
         self._machine = machine()  # the one whose levels this store hears, as it was when opened
         self._level = level or self._machine.current_level
         secret = user_key()
