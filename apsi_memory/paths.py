@@ -1,6 +1,7 @@
 """Where the library keeps its files. Read from the environment on every call so a test (or a user) can move them.
 
-The variables (``APSI_HOME``, ``APSI_SPILL_DIR``, ``APSI_STORE_DIR``) follow the XDG base directory rules: an empty
+The variables (``APSI_HOME``, ``APSI_SPILL_DIR``, ``APSI_STORE_DIR``, and ``APSI_LEDGER_DIR`` through
+``env_folder``) follow the XDG base directory rules: an empty
 value counts as unset (``APSI_HOME=$UNSET_VAR`` then means the default, not the working folder), ``~`` is
 expanded, and a relative path is refused with an ``ArgumentError`` naming the variable (it would put files
 wherever the program happens to run). A variable that names a shared sticky folder (``/tmp``, ``/dev/shm``) means
@@ -21,20 +22,20 @@ APSI_HOME = "~/.apsi"
 
 def apsi_home() -> str:
     """``APSI_HOME`` or ``~/.apsi``: the key, and the spill and store folders unless they are set apart."""
-    return _folder("APSI_HOME", os.path.expanduser(APSI_HOME))
+    return env_folder("APSI_HOME", os.path.expanduser(APSI_HOME))
 
 
 def spill_dir() -> str:
     """``APSI_SPILL_DIR`` or ``~/.apsi/spill``: where arrays that do not fit in RAM are memory-mapped."""
-    return _folder("APSI_SPILL_DIR", os.path.join(apsi_home(), "spill"))
+    return env_folder("APSI_SPILL_DIR", os.path.join(apsi_home(), "spill"))
 
 
 def store_dir() -> str:
     """``APSI_STORE_DIR`` or ``~/.apsi/store``: where named stores live."""
-    return _folder("APSI_STORE_DIR", os.path.join(apsi_home(), "store"))
+    return env_folder("APSI_STORE_DIR", os.path.join(apsi_home(), "store"))
 
 
-def _folder(variable: str, default: str) -> str:
+def env_folder(variable: str, default: str) -> str:
     """The folder ``variable`` names (see the module docstring), or ``default`` where it is unset or empty."""
     value = os.environ.get(variable, "")
     if not value:

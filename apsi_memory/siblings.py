@@ -132,9 +132,9 @@ LEDGER_DIR_ENV = "APSI_LEDGER_DIR"
 
 def candidate_dirs() -> list[str]:
     """``APSI_LEDGER_DIR`` alone where set; else ``/dev/shm/apsi-<uid>``, ``$XDG_RUNTIME_DIR/apsi``, ``~/.apsi/run``."""
-    chosen = os.environ.get(LEDGER_DIR_ENV)
+    chosen = paths.env_folder(LEDGER_DIR_ENV, "")  # the rules of the other folders: empty unset, relative refused
     if chosen:
-        return [os.path.expanduser(chosen)]
+        return [chosen]
     uid = os.geteuid()
     found = [f"/dev/shm/apsi-{uid}"] if os.path.isdir("/dev/shm") else []
     runtime = os.environ.get("XDG_RUNTIME_DIR")

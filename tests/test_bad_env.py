@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import spill
+from apsi_memory import paths, spill
 from apsi_memory.errors import ArgumentError, SizeError, UnsafePathError
 from apsi_memory.machinery import Machine
 
@@ -179,15 +179,36 @@ def test_allowed_folders_that_are_empty_missing_or_a_file(case, tmp_path, monkey
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5", "\u0663", " 2", "1e3"])
 def test_a_nonsense_dask_worker_count_is_an_error_naming_the_variable(value, monkeypatch):
-    dask = pytest.importorskip("apsi_memory.dask")
+    pytest.importorskip("distributed", reason="needs the dask extra: the tox env 'dask' runs this")
+    from apsi_memory import dask
     monkeypatch.setenv("APSI_DASK_WORKERS", value)
     with pytest.raises(ArgumentError, match=f"APSI_DASK_WORKERS={value!r}"):
         dask.workers_from_env()
 
 
 def test_an_empty_dask_worker_count_means_counting_the_nannies(monkeypatch):
-    dask = pytest.importorskip("apsi_memory.dask")
+    pytest.importorskip("distributed", reason="needs the dask extra: the tox env 'dask' runs this")
+    from apsi_memory import dask
     monkeypatch.setenv("APSI_DASK_WORKERS", "")
     assert dask.workers_from_env() is None
     monkeypatch.setenv("APSI_DASK_WORKERS", "3")
     assert dask.workers_from_env() == 3
+
+
+def test_the_ledger_folder_variable_follows_the_rules_of_the_other_folders(monkeypatch, tmp_path):
+    """APSI_LEDGER_DIR: a relative path is refused naming it (it made the ledger in the working folder), and a
+    shared sticky folder means this user's private subfolder in it (``/tmp`` gave no ledger at all)."""
+    from apsi_memory.siblings import candidate_dirs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("APSI_LEDGER_DIR", "relx")
+    with pytest.raises(ArgumentError, match="APSI_LEDGER_DIR='relx' is a relative path"):
+        candidate_dirs()
+    assert not (tmp_path / "relx").exists()
+    sticky = tmp_path / "shared"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    monkeypatch.setenv("APSI_LEDGER_DIR", str(sticky))
+    assert candidate_dirs() == [str(sticky / f"apsi-{os.geteuid()}")]
+    monkeypatch.setenv("APSI_LEDGER_DIR", "")
+    assert candidate_dirs()[-1] == os.path.join(paths.apsi_home(), "run")  # empty is unset: the defaults

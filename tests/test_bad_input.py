@@ -7,6 +7,7 @@ Each error is the library's own class and also the builtin a caller would catch 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import math
 import os
@@ -219,8 +220,13 @@ def _missing(tmp: Path) -> str:
     return str(tmp / "nowhere.npy")
 
 
+# Names that need an extra: their cases run in the tox env that installs it (``dask``), and skip, saying so, elsewhere.
+NEEDS_EXTRA = {"to_dask": pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
+                                             reason="to_dask needs the dask extra: the tox env 'dask' runs these")}
+
+
 def _case(name: str, label: str, call: Callable[[Path], object], error: type[Exception], problem: str) -> Any:
-    return pytest.param(call, error, problem, id=f"{name}: {label}")
+    return pytest.param(call, error, problem, id=f"{name}: {label}", marks=NEEDS_EXTRA.get(name, ()))
 
 
 def _cases(name: str, call: Callable[[Any], Callable[[Path], object]], error: type[Exception],
