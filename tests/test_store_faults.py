@@ -29,7 +29,7 @@ import pytest
 import apsi_memory as memory
 from apsi_memory.errors import TamperWarning
 from apsi_memory.units import GiB
-from tests.test_store_tamper import flip_byte
+from tests.damage import flip_byte
 
 pytestmark = [pytest.mark.faults, pytest.mark.skipif(sys.platform != "linux", reason="fork and SIGKILL: Linux")]
 

@@ -13,6 +13,7 @@ import pytest
 import apsi_memory as memory
 from apsi_memory import signing
 from apsi_memory.errors import TamperWarning
+from tests.damage import flip_byte
 
 PICKLED_FILE_VALUE = {"payload": "x" * 40_000}  # over 16 KiB: its own .pkl file
 INLINE_VALUE = {"small": list(range(10))}  # stored inside the journal
@@ -36,14 +37,6 @@ def assert_miss_removed_and_named(s: memory.Store, key, path: str) -> None:
     assert key not in fresh(), "the removal must reach every process (a journal record)"
     if not path.endswith("index"):
         assert not os.path.exists(path)
-
-
-def flip_byte(path: str, at: int, mask: int = 0x01) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        byte = f.read(1)
-        f.seek(at)
-        f.write(bytes([byte[0] ^ mask]))
 
 
 @pytest.mark.parametrize("where", [0, 100, -40, -1])
