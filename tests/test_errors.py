@@ -137,7 +137,7 @@ def test_no_deliberate_raise_is_a_bare_builtin():
 
 def test_the_scan_sees_a_bare_builtin(tmp_path):
     """The scan itself finds what it looks for (so the test above can fail)."""
-    sample = PACKAGE / "decide.py"
+    sample = PACKAGE / "decide" / "levels.py"
     planted = tmp_path / "apsi_memory" / "planted.py"
     planted.parent.mkdir()
     planted.write_text("def f(x):\n    if x:\n        raise ValueError('x')\n    raise KeyError\n")
