@@ -9,11 +9,12 @@ import apsi_memory as memory
 
 
 def test_help_of_the_package_is_not_buried_under_inherited_str_methods() -> None:
-    """Before: 2,525 lines on Python 3.11, ~900 of them the str methods of Level and Place; now 1,781 (3.11) and
-    1,946 (3.13, whose pydoc shows more of each signature)."""
+    """Before: 2,525 lines on Python 3.11, ~900 of them the str methods of Level and Place. The bound is per public
+    name (36 lines each: 2,088 for the 58 names it was set with; with 64 names, 1,889 lines on 3.11 and 2,149 on
+    3.13, whose pydoc shows more of each signature), so a new public name does not trip it and a dump does."""
     text = pydoc.render_doc(memory, renderer=pydoc.plaintext)
     assert "inherited from builtins.str" not in text
-    assert len(text.splitlines()) < 2100
+    assert len(text.splitlines()) < 36 * len(memory.__all__)
     level = pydoc.render_doc(memory.Level, renderer=pydoc.plaintext)
     assert len(level.splitlines()) < 120 and "rank" in level and "parse" in level
 
