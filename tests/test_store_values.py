@@ -59,6 +59,7 @@ def test_a_value_that_cannot_be_unpickled_is_a_warned_miss_from_either_tier(ram_
         with pytest.warns(UnloadableWarning, match="cannot be loaded here"):
             assert s.get("k", "miss") == "miss"
     assert "k" in s, "left in place for the processes that can load it"
+    assert (s.stats().hits, s.stats().misses) == (0, 2), "a warned miss is a miss, never a hit as well"
 
 
 def test_a_store_sent_to_another_process_says_to_open_it_there_by_name():

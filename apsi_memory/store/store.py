@@ -127,18 +127,20 @@ class Store:
             if held is None:
                 return self._get_from_disk(encoded, default, writable)
             values.move_to_end(encoded)
-            self._counts.hits += 1
             reads = self._journal.pending_touches  # ``_read``, unrolled: the hot path of a RAM hit
             reads.append(encoded)
             if len(reads) >= TOUCH_BATCH:
                 self.flush()
             if held.kind != KIND_PICKLE:
-                return datafiles.writable(held, self._data_fd) if writable else held.value
-            try:
-                return pickle.loads(held.value)
-            except Exception:  # noqa: BLE001 - cannot be loaded here: the SSD tier's answer, from the same bytes
-                self._ram.drop(encoded)
-                return self._get_from_disk(encoded, default, writable)
+                value = datafiles.writable(held, self._data_fd) if writable else held.value
+            else:
+                try:
+                    value = pickle.loads(held.value)
+                except Exception:  # noqa: BLE001 - cannot be loaded here: the SSD tier's answer (a warned miss)
+                    self._ram.drop(encoded)
+                    return self._get_from_disk(encoded, default, writable)
+            self._counts.hits += 1  # counted once the value is in hand: a warned miss is only a miss
+            return value
 
     def _get_from_disk(self, key: bytes, default: Any, writable: bool, second_look: bool = False) -> Any:
         entry = self._index.get(key)
