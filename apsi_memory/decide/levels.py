@@ -40,13 +40,20 @@ class _StrChoices(enum.EnumMeta):
         return sorted(name for name in {*super().__dir__(), *vars(cls)} if name in vars(cls) or not hasattr(str, name))
 
 
-def _unknown_choice(cls: type[enum.Enum], value: object) -> None:
-    """An enum's ``_missing_``: a value that is none of its members is an ``ArgumentError`` naming them."""
-    names = ", ".join(str(member.value) for member in cls)
-    raise ArgumentError(f"unknown {cls.__name__} {value!r}; use one of {names}")
+class _Choice(str, enum.Enum, metaclass=_StrChoices):
+    """A ``str`` enum of ours: ``str()`` is its value, and a value that is none of its members is an
+    ``ArgumentError`` naming them (``Level``, ``Place``)."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> None:
+        names = ", ".join(str(member.value) for member in cls)
+        raise ArgumentError(f"unknown {cls.__name__} {value!r}; use one of {names}")
+
+    def __str__(self) -> str:
+        return str.__str__(self)  # the member's own text: its value
 
 
-class Level(str, enum.Enum, metaclass=_StrChoices):
+class Level(_Choice):
     """A pressure level: ``ok`` < ``moderate`` < ``high`` < ``critical`` (``LEVEL_TABLE`` says when each is
     entered and left). A ``str``: compares with the plain strings too (``level == "high"``, ``level >= "high"``)."""
 
@@ -54,13 +61,6 @@ class Level(str, enum.Enum, metaclass=_StrChoices):
     MODERATE = "moderate"
     HIGH = "high"
     CRITICAL = "critical"
-
-    @classmethod
-    def _missing_(cls, value: object) -> None:
-        _unknown_choice(cls, value)
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def rank(self) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..units import fmt_size, in_one_unit
-from .levels import LEVEL_TABLE, Level, _StrChoices, _unknown_choice
+from .levels import LEVEL_TABLE, Level, _Choice
 
 # -- budget ------------------------------------------------------------------------------------------------------
 
@@ -32,18 +32,11 @@ def shared_budget(free_bytes: int, held_bytes: int, siblings_reserved_bytes: int
 
 # -- placement ---------------------------------------------------------------------------------------------------
 
-class Place(str, enum.Enum, metaclass=_StrChoices):
+class Place(_Choice):
     """Where ``memory.array`` put an array: ``RAM`` or ``SSD`` (a memory-mapped spill file). A ``str``."""
 
     RAM = "RAM"
     SSD = "SSD"
-
-    @classmethod
-    def _missing_(cls, value: object) -> None:
-        _unknown_choice(cls, value)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # Below this an array stays in RAM whatever the pressure: a spill file per small array would cost more (a file,
