@@ -21,7 +21,7 @@ classes below; docs/reference/errors.md shows the same drawing)::
     ├── MissingExtraError(ImportError)
     ├── BlockError(RuntimeError)
     └── BatchTooSmallError(MemoryError)
-    UserWarning
+    ApsiMemoryWarning(UserWarning)
     ├── TamperWarning
     ├── BudgetWarning
     ├── UnloadableWarning
@@ -84,7 +84,12 @@ class BatchTooSmallError(ApsiMemoryError, MemoryError):
     """``fit_batch`` ran out of memory even at ``min_batch``; chains the last out-of-memory error."""
 
 
-class TamperWarning(UserWarning, metaclass=_OwnMembers):
+class ApsiMemoryWarning(UserWarning, metaclass=_OwnMembers):
+    """Base of every warning apsi_memory gives: ``warnings.simplefilter("ignore", ApsiMemoryWarning)`` silences
+    them all, ``"error"`` turns them all into errors."""
+
+
+class TamperWarning(ApsiMemoryWarning):
     """A store file whose signature did not match was removed unread."""
 
 
@@ -118,27 +123,27 @@ class StoreClosedError(ApsiMemoryError, ValueError):
     """``get``/``set`` (or any other use) of a store after its ``close()``; names the store."""
 
 
-class UnloadableWarning(UserWarning, metaclass=_OwnMembers):
+class UnloadableWarning(ApsiMemoryWarning):
     """A store entry whose signature checked out but that cannot be loaded here (a renamed class, a changed
     module); it reads as a miss and stays on disk for the processes that can load it."""
 
 
-class OldEntryWarning(UserWarning, metaclass=_OwnMembers):
+class OldEntryWarning(ApsiMemoryWarning):
     """Entries signed by an older apsi_memory (before signatures named their store and version) read as misses."""
 
 
-class NotCachedWarning(UserWarning, metaclass=_OwnMembers):
+class NotCachedWarning(ApsiMemoryWarning):
     """``@cached`` returned its result but could not keep it (a full disk)."""
 
 
-class BudgetWarning(UserWarning, metaclass=_OwnMembers):
+class BudgetWarning(ApsiMemoryWarning):
     """``budget()`` was set above the memory this process may use; arrays are still placed by what is free."""
 
 
-class CacheKeyWarning(UserWarning, metaclass=_OwnMembers):
+class CacheKeyWarning(ApsiMemoryWarning):
     """A ``@cached`` function reads data that is not part of its key (a closure's variables, mutable globals): a
     result cached while they held one value comes back after they change. Names them; pass them as arguments."""
 
 
-class NotFreedWarning(UserWarning, metaclass=_OwnMembers):
+class NotFreedWarning(ApsiMemoryWarning):
     """``free()`` was given an array ``memory.array`` did not make: nothing was freed."""

@@ -1,5 +1,8 @@
 """``status()``: RAM, swap, SSD, cores and GPUs in one reading. Above both the machine's readings and ``devices``
-(which builds on them), so the import graph stays one-way."""
+(which builds on them), so the import graph stays one-way. ``apsi_memory.status`` is callable as ``status()``.
+
+May import: system, adapters, machinery, devices.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,12 @@ from dataclasses import dataclass
 
 import psutil
 
-from . import paths
 from .adapters.disk import disk_free
 from .adapters.procfs import ProcStatus, read_loadavg, read_proc_status
-from .devices import Gpu, gpus
-from .machinery import cores_from, machine
-from .readings import Reading
+from .devices.hardware import Gpu, gpus
+from .machinery.machines import cores_from, machine
+from .machinery.reading import Reading
+from .system import paths
 from .units import fmt_size, in_one_unit
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory.hashing import array_digest
+from apsi_memory.store.hashing import array_digest
 from benchmarks import private_home
 
 CALLS = 1000

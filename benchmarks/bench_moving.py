@@ -1,4 +1,4 @@
-"""What moving a RAM array to a spill file costs (``apsi_memory/moving.py``), as ratios in the same run:
+"""What moving a RAM array to a spill file costs (``apsi_memory/arrays/moving.py``), as ratios in the same run:
 
     /work/venv/bin/python -m pytest benchmarks/bench_moving.py --benchmark-only -s
 
@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import arrays, moving, paths
+from apsi_memory.arrays import moving, placement
 from apsi_memory.decide import Level
+from apsi_memory.system import paths
 from benchmarks.bench_pool import Ratios
 
 SIZE = 256 << 20
@@ -53,7 +54,7 @@ def _filled_ram_array() -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 def _move(x: np.ndarray) -> None:
-    entry = arrays._find(x)
+    entry = placement._find(x)
     assert entry is not None and moving.move(entry, Level.HIGH)
 
 

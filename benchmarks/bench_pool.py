@@ -5,7 +5,7 @@ taken from a pool versus freshly allocated — as ratios against the fresh basel
 
 One round is the twenty temporaries. ``memset on take`` is the rejected way to serve ``zero=True`` (clear the
 buffer when it is taken), measured for comparison with what the pool does (clear it in the background after
-``give``, see ``apsi_memory/pool.py``). After the module's benchmarks the ratios are printed (``-s``) and stored
+``give``, see ``apsi_memory/arrays/pools.py``). After the module's benchmarks the ratios are printed (``-s``) and stored
 in each benchmark's ``extra_info``. Run it alone on the machine: other work on the second core slows the background clearing.
 """
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from apsi_memory import Machine
-from apsi_memory.measure import read_memory
+from apsi_memory.machinery.reading import read_memory
 from benchmarks.bench_pool import Ratios
 
 READINGS = 1000

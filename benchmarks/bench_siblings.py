@@ -24,7 +24,7 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory import Machine
-from apsi_memory.siblings import Siblings, group_key
+from apsi_memory.machinery.reservations import Siblings, group_key
 from benchmarks.bench_pool import Ratios
 
 SIBLINGS = 16

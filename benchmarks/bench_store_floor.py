@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from apsi_memory.signing import keyed_state, mac_keyed
+from apsi_memory.store.signing import keyed_state, mac_keyed
 from benchmarks import private_home
 from benchmarks.bench_store import Apsi
 from benchmarks.bench_store_peers import Lmdb, fill, small_dict

@@ -14,7 +14,7 @@ import sys
 import time
 
 import apsi_memory as memory
-from apsi_memory.devices import canonical_uuid, gpus
+from apsi_memory.devices.hardware import canonical_uuid, gpus
 
 MiB = 1 << 20
 failed: list[str] = []
@@ -35,7 +35,7 @@ def in_child(code: str, **env: str) -> object:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-LIST_GPUS = ("import json, sys, time; from apsi_memory.devices import gpus; t = time.perf_counter(); "
+LIST_GPUS = ("import json, sys, time; from apsi_memory.devices.hardware import gpus; t = time.perf_counter(); "
              "found = gpus(import_frameworks={}); took = time.perf_counter() - t; "
              "print(json.dumps({{'gpus': [g.to_dict() for g in found], 'seconds': took, "
              "'torch_imported': 'torch' in sys.modules}}))")

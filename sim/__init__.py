@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from apsi_memory.adapters.clock import Clock
-from apsi_memory.machinery import Machine
+from apsi_memory.machinery.machines import Machine
 from sim.clock import FakeClock
 from sim.tree import SimTree
 

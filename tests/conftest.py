@@ -23,7 +23,7 @@ import pytest
 import apsi_memory as memory
 import sim
 from apsi_memory import Machine
-from apsi_memory.siblings import Siblings
+from apsi_memory.machinery.reservations import Siblings
 from sim.pressure import PressureMachine
 from sim.tree import MiB, SimTree
 from tests.realcg import ChildGroup, child_group

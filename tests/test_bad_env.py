@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import paths, spill
+from apsi_memory.arrays import spill
 from apsi_memory.errors import ArgumentError, SizeError, UnsafePathError
-from apsi_memory.machinery import Machine
+from apsi_memory.machinery.machines import Machine
+from apsi_memory.system import paths
 
 FOLDERS = ("APSI_HOME", "APSI_SPILL_DIR", "APSI_STORE_DIR")
 NONSENSE_SIZES = ("abc", "-1", "nan", "inf", "-inf", "1e400", "0x10", "1e30GB", "12 parsecs", "GB", "1,5GB", " ")
@@ -198,7 +199,7 @@ def test_an_empty_dask_worker_count_means_counting_the_nannies(monkeypatch):
 def test_the_ledger_folder_variable_follows_the_rules_of_the_other_folders(monkeypatch, tmp_path):
     """APSI_LEDGER_DIR: a relative path is refused naming it (it made the ledger in the working folder), and a
     shared sticky folder means this user's private subfolder in it (``/tmp`` gave no ledger at all)."""
-    from apsi_memory.siblings import candidate_dirs
+    from apsi_memory.machinery.reservations import candidate_dirs
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("APSI_LEDGER_DIR", "relx")

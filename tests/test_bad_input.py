@@ -25,12 +25,12 @@ import numpy.lib.format as npy_format
 import pytest
 
 import apsi_memory as memory
-from apsi_memory.cli import _parser, main
+from apsi_memory.cli.commands import _parser, main
 from apsi_memory.errors import ArgumentError, ArgumentTypeError, CorruptFileError
-from apsi_memory.paths import store_dir
+from apsi_memory.machinery.watcher import Watcher
 from apsi_memory.store import Store, folders
+from apsi_memory.system.paths import store_dir
 from apsi_memory.units import seconds
-from apsi_memory.watch import Watcher
 from sim import tree as machines
 from sim.tree import MiB
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apsi_memory.blocks import (
+from apsi_memory.blocks.rules import (
     DEFAULT_BLOCK_BYTES,
     FOLIO_BYTES,
     ReleaseFront,

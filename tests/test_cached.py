@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory.hashing import array_digest, value_digest
+from apsi_memory.store.hashing import array_digest, value_digest
 from tests.bodies import RUNS, ran
 
 
@@ -186,7 +186,7 @@ def test_a_named_store_and_a_store_object(home):
 
 
 def test_sets_hash_the_same_in_every_process(home):
-    code = "from apsi_memory.hashing import value_digest; print(value_digest({'a', 'b', 'c', 'd'}).hex())"
+    code = "from apsi_memory.store.hashing import value_digest; print(value_digest({'a', 'b', 'c', 'd'}).hex())"
     digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                               env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout
                for seed in (1, 2, 3)}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sim
-from apsi_memory.cli import main
+from apsi_memory.cli.commands import main
 from apsi_memory.decide import chunk_bytes, worker_memory_limit
 from sim import tree as machines
 from sim.clock import FakeClock

@@ -24,10 +24,11 @@ pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra
 pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
 
 import apsi_memory as memory
-from apsi_memory import BlockError, ChunkError, cli, decide
+from apsi_memory import BlockError, ChunkError, decide
 from apsi_memory import dask as amd
-from apsi_memory.blocks import block_spans
-from apsi_memory.dask.blocks import EvenSpans, FileRows, rows_in_file
+from apsi_memory.blocks.rules import block_spans
+from apsi_memory.cli import commands as cli
+from apsi_memory.dask.tasks import EvenSpans, FileRows, rows_in_file
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
 from apsi_memory.units import fmt_size
 from sim import tree as machines

@@ -11,8 +11,8 @@ import pytest
 
 import apsi_memory as memory
 import sim.tree
-from apsi_memory import api
-from apsi_memory.devices import (
+from apsi_memory import machinery as api
+from apsi_memory.devices.hardware import (
     Gpu,
     NvmlGpu,
     canonical_uuid,

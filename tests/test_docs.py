@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import apsi_memory
-from apsi_memory.cached import DEFAULT_STORE
 from apsi_memory.store import DEFAULT_DISK_GB, DEFAULT_RAM_MB
+from apsi_memory.store.cached import DEFAULT_STORE
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -55,7 +55,7 @@ def test_the_cli_reference_has_every_subcommand_with_its_help() -> None:
         import apsi_cli
     finally:
         sys.path.remove(str(DOCS / "_ext"))
-    from apsi_memory import cli
+    from apsi_memory.cli import commands as cli
 
     parser = cli._parser()
     lines = apsi_cli.reference(parser)

@@ -12,8 +12,8 @@ import numpy as np
 import numpy.lib.format as npformat
 import pytest
 
-from apsi_memory import fileio
 from apsi_memory.errors import DiskFullError
+from apsi_memory.system import fileio
 
 
 def full() -> DiskFullError:

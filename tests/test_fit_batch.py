@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory.batch import Oom, next_batch, oom_kind
+from apsi_memory.devices.batch import Oom, next_batch, oom_kind
 from sim.gpu import (
     CupyOutOfMemoryError,
     FakeGpuMachine,

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from apsi_memory.adapters import cgroup, procfs, psi
-from apsi_memory.measure import read_memory
+from apsi_memory.machinery.reading import read_memory
 
 REAL = Path(__file__).parent.parent / "fixtures" / "real-v1-host"
 

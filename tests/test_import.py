@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from apsi_memory import spill
+from apsi_memory.arrays import spill
 
 SPY = textwrap.dedent("""
     import atexit, ctypes, os, sys
@@ -58,23 +58,26 @@ def test_relieve_loads_libc_on_first_use():
     """watch.py used to load libc at import for ``malloc_trim``; now the first ``relieve()`` does, in ``_libc``."""
     code = SPY.replace(AFTER_IMPORT, "callers.clear(); apsi_memory.relieve(); " + AFTER_IMPORT)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.split() == ["apsi_memory._libc"]
+    assert done.stdout.split() == ["apsi_memory.system.libc"]
 
 
 def test_importing_loads_no_submodule_and_the_functions_keep_their_names_after_their_modules_load():
     """Issue 21, item 10: every public name is imported on first use (benchmarks/bench_import.py has the time).
-    ``store``, ``cached``, ``status``, ``pool``, ``chunks``, ``devices`` and ``siblings`` share a submodule's name: loading the
-    submodule first (``cached`` imports ``store``) must leave the function there, as the eager imports did."""
+    Loading the modules first (``cached`` imports ``store``) leaves every public function callable where it was;
+    ``store``, ``status`` and ``devices`` are their modules, called as their functions (issue 25)."""
     code = textwrap.dedent("""
         import sys
         import apsi_memory as memory
         print(sorted(name for name in sys.modules if name.startswith("apsi_memory.")))
-        import apsi_memory.cached, apsi_memory.chunks, apsi_memory.devices, apsi_memory.pool, apsi_memory.status
-        import apsi_memory.siblings  # the function ``siblings`` lives in ``api``, which imports this module
+        import apsi_memory.store.cached, apsi_memory.outofcore.chunking, apsi_memory.devices.hardware
+        import apsi_memory.arrays.pools, apsi_memory.status, apsi_memory.machinery.reservations
         from apsi_memory.store import Store
-        shadowed = ("cached", "chunks", "devices", "pool", "status", "store", "siblings")
-        print(all(callable(getattr(memory, name)) and getattr(memory, name).__name__ == name for name in shadowed))
-        print(memory.spill.__name__, memory.Store is Store, memory.__version__ != "")
+        functions = ("cached", "chunks", "pool", "siblings")
+        print(all(callable(getattr(memory, name)) and getattr(memory, name).__name__ == name for name in functions))
+        modules = ("devices", "status", "store")
+        print(all(callable(getattr(memory, name)) and getattr(memory, name).__name__ == "apsi_memory." + name
+                  for name in modules))
+        print(memory.arrays.spill.__name__, memory.Store is Store, memory.__version__ != "")
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.splitlines() == ["[]", "True", "apsi_memory.spill True True"]
+    assert done.stdout.splitlines() == ["[]", "True", "True", "apsi_memory.arrays.spill True True"]

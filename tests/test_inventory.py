@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import inventory, spill
+from apsi_memory.adapters import processes
+from apsi_memory.arrays import spill
+from apsi_memory.cli import inventory
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -35,7 +37,7 @@ def spill_file(folder: Path, pid: int, start: str, size: int = 4096) -> Path:
 
 def test_spill_lists_owner_liveness_and_size_and_skips_what_is_not_a_spill_file(tmp_path: Path) -> None:
     folder = tmp_path / "spill"
-    live = spill_file(folder, *spill.own_owner(), size=8192)
+    live = spill_file(folder, *processes.own_owner(), size=8192)
     dead = spill_file(folder, dead_pid(), "1")
     (folder / "notes.txt").write_text("not ours")
     (folder / spill.file_name(os.getpid(), "7", "ffffff")).symlink_to(live)  # a link wearing our name
@@ -47,7 +49,7 @@ def test_spill_lists_owner_liveness_and_size_and_skips_what_is_not_a_spill_file(
 
 def test_clean_removes_only_dead_owners_files_and_dry_run_removes_nothing(tmp_path: Path) -> None:
     folder = tmp_path / "spill"
-    live = spill_file(folder, *spill.own_owner())
+    live = spill_file(folder, *processes.own_owner())
     dead = spill_file(folder, dead_pid(), "1")
     assert [f.path for f in inventory.clean_spill(str(folder), dry_run=True)] == [str(dead)]
     assert dead.exists()

@@ -14,7 +14,7 @@ import sim
 from apsi_memory import Machine
 from apsi_memory.adapters.clock import SystemClock
 from apsi_memory.decide import Level
-from apsi_memory.levels import RECHECK_SECONDS
+from apsi_memory.machinery.tracker import RECHECK_SECONDS
 from sim.clock import FakeClock
 from sim.components import Heard
 from sim.pressure import PressureMachine

@@ -196,7 +196,7 @@ def test_the_smallest_limit_up_the_hierarchy_always_wins(limits: list[int | None
         tree.mount("/sys/fs/cgroup", "cgroup2", "nsdelegate").member("0::/" + "/".join(names))
         for depth, limit in enumerate(limits):
             tree.v2_group("/sys/fs/cgroup/" + "/".join(names[:depth + 1]), limit=limit)
-        from apsi_memory.measure import read_memory
+        from apsi_memory.machinery.reading import read_memory
 
         reading = read_memory(root)
         real = [limit for limit in limits if limit is not None and limit < 64 * GiB]

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from apsi_memory.adapters.maps import Region, file_region, parse_maps_line, region_in_maps
-from apsi_memory.pages import row_extent
+from apsi_memory.blocks.pages import row_extent
 
 MAPS = """\
 55d0c8a00000-55d0c8a21000 rw-p 00000000 00:00 0                          [heap]

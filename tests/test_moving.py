@@ -1,4 +1,4 @@
-"""RAM arrays that move to a spill file in place under pressure (apsi_memory/moving.py): the pure rules, the move
+"""RAM arrays that move to a spill file in place under pressure (apsi_memory/arrays/moving.py): the pure rules, the move
 itself, why an array stays, and the fault tests (writers during moves, a fork during a move, SIGKILL)."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import apsi_memory as memory
-from apsi_memory import _uffd, arrays, moving, spill
+from apsi_memory.arrays import moving, placement, spill
 from apsi_memory.decide import Level, Relief, arrays_to_move, bytes_to_free, in_relief_order
 from apsi_memory.errors import BudgetWarning
-from apsi_memory.levels import Components
+from apsi_memory.machinery.tracker import Components
+from apsi_memory.system import uffd
 
 MiB = 1 << 20
 needs_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="moving arrays needs Linux's mmap")
@@ -101,7 +102,7 @@ def _ram_array(nbytes: int) -> np.ndarray:
 
 
 def _entry(x: np.ndarray) -> Any:
-    entry = arrays._find(x)
+    entry = placement._find(x)
     assert entry is not None
     return entry
 
@@ -129,10 +130,10 @@ def test_moving_gives_the_ram_back(spill_dir: Path) -> None:
     x[:] = 7
     entry = _entry(x)
     assert spill.resident(entry.address, entry.length) >= 60 * MiB
-    before = arrays.machine().ledger.held()
+    before = placement.machine().ledger.held()
     moving.move(entry, Level.HIGH)
     assert spill.resident(entry.address, entry.length) < 8 * MiB  # written back and dropped
-    assert arrays.machine().ledger.held() == before - x.nbytes
+    assert placement.machine().ledger.held() == before - x.nbytes
     assert int(x[123]) == 7
 
 
@@ -144,20 +145,20 @@ class _Reading(SimpleNamespace):
 @needs_linux
 def test_relieve_moves_only_as_many_arrays_as_the_reading_needs(spill_dir: Path) -> None:
     small, big = _ram_array(2 * MiB), _ram_array(16 * MiB)
-    ledger = arrays.machine().ledger
+    ledger = placement.machine().ledger
     fake = SimpleNamespace(memory=lambda: _Reading(free=100 * MiB - 4 * MiB, usable=400 * MiB),  # 4 MiB short
                            ledger=ledger)
-    assert moving.relieve(fake, Level.HIGH, arrays.ram_entries) == 1  # type: ignore[arg-type]
+    assert moving.relieve(fake, Level.HIGH, placement.ram_entries) == 1  # type: ignore[arg-type]
     assert not memory.on_disk(small) and memory.on_disk(big)  # the smallest that covers it: 16 MiB
     calm = SimpleNamespace(memory=lambda: _Reading(free=300 * MiB, usable=400 * MiB), ledger=ledger)
-    assert moving.relieve(calm, Level.HIGH, arrays.ram_entries) == 0  # type: ignore[arg-type]
+    assert moving.relieve(calm, Level.HIGH, placement.ram_entries) == 0  # type: ignore[arg-type]
     assert not memory.on_disk(small)
 
 
 @needs_linux
 def test_without_write_protection_an_array_stays_while_other_threads_run_and_says_why(
         spill_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_uffd, "available", lambda: "userfaultfd write protection is not available here (test)")
+    monkeypatch.setattr(uffd, "available", lambda: "userfaultfd write protection is not available here (test)")
     x = _ram_array(2 * MiB)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
@@ -174,12 +175,13 @@ def test_without_write_protection_an_array_stays_while_other_threads_run_and_say
 
 _ALONE = """
 import apsi_memory as memory
-from apsi_memory import _uffd, arrays, moving
+from apsi_memory.arrays import placement, moving
+from apsi_memory.system import uffd
 from apsi_memory.decide import Level
-_uffd.available = lambda: "not available (test)"
+uffd.available = lambda: "not available (test)"
 x = memory.array(1 << 18, "int64")
 x[:] = 5
-print(moving.move(arrays._find(x), Level.HIGH), memory.on_disk(x), int(x.sum()))
+print(moving.move(placement._find(x), Level.HIGH), memory.on_disk(x), int(x.sum()))
 """
 
 
@@ -228,8 +230,8 @@ def _writer(shared: _Round, k: int) -> None:
 @needs_linux
 @pytest.mark.faults
 def test_eight_writers_lose_and_tear_nothing_over_200_moves(spill_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if _uffd.available() is not None:
-        pytest.skip(f"write protection is what this proves: {_uffd.available()}")
+    if uffd.available() is not None:
+        pytest.skip(f"write protection is what this proves: {uffd.available()}")
     monkeypatch.setattr(moving, "PIECE_BYTES", 256 << 10)  # several protected pieces per move
     before = (moving.moves.count, moving.moves.bytes, moving.moves.seconds)
     shared, losses, writes = _Round(), 0, 0
@@ -291,12 +293,12 @@ def test_a_fork_during_a_move_gives_a_working_child(spill_dir: Path, monkeypatch
 _KILLED = """
 import os, sys, numpy as np
 import apsi_memory as memory
-from apsi_memory import arrays, moving
+from apsi_memory.arrays import placement, moving
 from apsi_memory.decide import Level
 x = memory.array(256 << 17, "int64")
 x[:] = 1
 print(os.getpid(), flush=True)
-moving.move(arrays._find(x), Level.HIGH)
+moving.move(placement._find(x), Level.HIGH)
 print("moved", flush=True)
 """
 
@@ -339,4 +341,4 @@ def test_an_allocation_at_high_moves_what_is_needed_and_again_while_the_level_la
     pressure_machine.next_measurement()  # still high, no change of level, still 18 MiB short (the sim's usage)
     memory.array(2 * MiB, "uint8")
     assert memory.on_disk(small) and int(small[-1]) == 4
-    assert arrays.ram_entries(pressure_machine.machine.ledger) == []
+    assert placement.ram_entries(pressure_machine.machine.ledger) == []

@@ -1,4 +1,4 @@
-"""``apsi_memory.pages``: the background thread that makes the slow calls, and which arrays get read-ahead and
+"""``apsi_memory.blocks.pages``: the background thread that makes the slow calls, and which arrays get read-ahead and
 release at all (the effect on RSS and the page cache is measured in test_chunks_release)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apsi_memory.pages import Background, file_region
+from apsi_memory.blocks.pages import Background, file_region
 from sim.tree import SimTree, host
 
 

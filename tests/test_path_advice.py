@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import paths, spill, trust
-from apsi_memory.cli import main
+from apsi_memory.arrays import spill
+from apsi_memory.cli.commands import main
 from apsi_memory.errors import ArgumentError, UnsafePathError
+from apsi_memory.system import paths, trust
 
 FLOAT64 = np.dtype("float64")
 DESTRUCTIVE = re.compile(r"\b(rm|rmdir|chmod|chown|unlink)\b")

@@ -16,7 +16,7 @@ import pytest
 
 import apsi_memory as memory
 import sim
-from apsi_memory.measure import read_memory
+from apsi_memory.machinery.reading import read_memory
 
 PEERS = Path(__file__).parent.parent / "fixtures" / "peers"
 PROVENANCE_KEYS = {"project", "case", "repo", "path", "commit", "licence", "peer_test", "peer_asserts", "exercises",

@@ -10,8 +10,8 @@ import psutil
 import pytest
 
 import apsi_memory as memory
+from apsi_memory.arrays.pools import PAGE, Pool, _clearer, capacity_for, choose_spare, oldest_to_drop
 from apsi_memory.decide import Level
-from apsi_memory.pool import PAGE, Pool, _clearer, capacity_for, choose_spare, oldest_to_drop
 from sim.tree import MiB
 
 
@@ -240,7 +240,7 @@ def _clearer_thread() -> threading.Thread | None:
 
 def test_the_clearing_thread_ends_when_idle_and_comes_back(pressure_machine, monkeypatch: pytest.MonkeyPatch):
     # A program that used a pool once and then forks should not fork with our thread running.
-    from apsi_memory.pool import _Clearer
+    from apsi_memory.arrays.pools import _Clearer
 
     monkeypatch.setattr(_Clearer, "IDLE_SECONDS", 0.05)
     p = Pool(64 * MiB)

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 
 from apsi_memory.decide import Level
-from apsi_memory.levels import RECHECK_SECONDS, Components, LevelTracker
+from apsi_memory.machinery.tracker import RECHECK_SECONDS, Components, LevelTracker
 from sim.clock import FakeClock
 from sim.components import Heard
 

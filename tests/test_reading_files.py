@@ -106,7 +106,7 @@ def test_readings_reuse_their_descriptors_and_a_dropped_machine_closes_them(tmp_
 
 
 def test_read_memory_alone_leaves_nothing_open(tmp_path: Path) -> None:
-    from apsi_memory.measure import read_memory
+    from apsi_memory.machinery.reading import read_memory
 
     tree = machines.kubernetes_v2(tmp_path, limit=4 * GiB)
     before = open_descriptors()

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import cli
 from apsi_memory.adapters import psi
+from apsi_memory.cli import commands as cli
 from sim import tree as machines
 from sim.tree import GiB, SimTree
 

@@ -18,7 +18,15 @@ import sim.tree
 from apsi_memory import Machine
 from apsi_memory.decide import default_budget, shared_budget
 from apsi_memory.errors import UnsafePathError
-from apsi_memory.siblings import FILE_BYTES, SLOT_BYTES, Record, Siblings, group_key, pack_record, parse_record
+from apsi_memory.machinery.reservations import (
+    FILE_BYTES,
+    SLOT_BYTES,
+    Record,
+    Siblings,
+    group_key,
+    pack_record,
+    parse_record,
+)
 from sim.clock import FakeClock
 
 GiB, MiB = 1 << 30, 1 << 20

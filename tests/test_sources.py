@@ -1,11 +1,11 @@
-"""``apsi_memory.sources``: which layouts can be streamed as blocks of rows (the bad-input errors at the call are
+"""``apsi_memory.blocks.sources``: which layouts can be streamed as blocks of rows (the bad-input errors at the call are
 tested through ``memory.chunks`` in test_chunks)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from apsi_memory.sources import rows_follow_each_other
+from apsi_memory.blocks.sources import rows_follow_each_other
 
 
 def test_rows_follow_each_other_in_c_order_and_column_slices_only() -> None:

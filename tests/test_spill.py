@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apsi_memory import spill
+from apsi_memory.adapters import processes
+from apsi_memory.arrays import spill
 from apsi_memory.errors import DiskFullError
 from apsi_memory.units import MiB
 
@@ -43,7 +44,7 @@ def test_the_folder_is_made_private_and_the_file_is_ours_alone(spill_dir):
     x = spill.create((4, 4), FLOAT64)
     assert stat.S_IMODE(os.stat(spill_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(x.filename).st_mode) == 0o600
-    assert spill.owner_of(os.path.basename(x.filename)) == (os.getpid(), spill.process_start(os.getpid()))
+    assert spill.owner_of(os.path.basename(x.filename)) == (os.getpid(), processes.process_start(os.getpid()))
 
 
 def test_a_full_disk_is_a_clear_error_that_leaves_no_file_and_keeps_the_others(spill_dir):
@@ -60,7 +61,7 @@ def test_a_full_disk_is_a_clear_error_that_leaves_no_file_and_keeps_the_others(s
 def test_files_of_dead_owners_are_reclaimed_and_only_those(spill_dir, tmp_path):
     os.makedirs(spill_dir)
     dead = dead_pid()
-    me, my_start = os.getpid(), spill.process_start(os.getpid())
+    me, my_start = os.getpid(), processes.process_start(os.getpid())
     names = {
         "dead": spill.file_name(dead, "1", "aa"),
         "recycled pid": spill.file_name(me, "1" + str(my_start), "bb"),  # our pid, another process's start
@@ -169,6 +170,6 @@ def test_owners_are_read_through_the_adapters_root(spill_dir, tmp_path, monkeypa
     import sim.tree
 
     monkeypatch.setenv("APSI_FS_ROOT", str(sim.tree.docker_v1(tmp_path / "root")))
-    assert spill.process_start(os.getpid()) == "0" and spill.process_start(dead_pid()) is None
+    assert processes.process_start(os.getpid()) == "0" and processes.process_start(dead_pid()) is None
     x = spill.create((4,), FLOAT64)
     assert spill.owner_of(os.path.basename(x.filename)) == (os.getpid(), "0")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apsi_memory import spill
+from apsi_memory.arrays import spill
 from apsi_memory.errors import UnsafePathError
 from apsi_memory.units import MiB
 

@@ -527,7 +527,7 @@ def test_forks_while_another_thread_closes_stores_keep_every_lock_the_childs_own
 
 
 def test_each_runs_every_item_and_raises_the_first_failure_after():
-    from apsi_memory._once import each
+    from apsi_memory.system.once import each
 
     seen: list[int] = []
 

@@ -86,7 +86,7 @@ def test_rule_one_is_what_older_stores_wrote():
 def test_a_key_an_older_version_wrote_from_a_custom_str_is_skipped_with_a_warning(monkeypatch):
     """Older versions wrote ``str()`` of int subclasses: such a key can never be named again. Before the fix it
     made ``list(store)`` raise ``ValueError`` until it was deleted; now it is skipped, warned of and removed."""
-    store_module = sys.modules["apsi_memory.store.store"]  # the module, not the function of that name
+    store_module = sys.modules["apsi_memory.store.core"]  # the module, not the function of that name
     s = memory.store("t")
     s["kept"] = 1
     with monkeypatch.context() as patch:

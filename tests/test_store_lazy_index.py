@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import apsi_memory as memory
-from apsi_memory import signing
-from apsi_memory.store import checkpoint, rows
+from apsi_memory.store import checkpoint, rows, signing
 from apsi_memory.store.keys import EXT
 from apsi_memory.store.records import Entry
 from apsi_memory.store.tiers import _Index

@@ -15,9 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import apsi_memory as memory
-from apsi_memory import signing
 from apsi_memory.errors import TamperWarning
-from apsi_memory.store import checkpoint
+from apsi_memory.store import checkpoint, signing
 
 
 def test_the_mac_binds_every_part_and_the_key():

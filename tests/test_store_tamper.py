@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import signing
 from apsi_memory.errors import TamperWarning
+from apsi_memory.store import signing
 from tests.damage import flip_byte
 
 PICKLED_FILE_VALUE = {"payload": "x" * 40_000}  # over 16 KiB: its own .pkl file

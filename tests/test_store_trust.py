@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import signing
 from apsi_memory.errors import (
     ArgumentError,
     OldEntryWarning,
@@ -29,10 +28,10 @@ from apsi_memory.errors import (
     UnloadableWarning,
     UnsafePathError,
 )
-from apsi_memory.store import encode_key
+from apsi_memory.store import encode_key, signing
 from apsi_memory.store.records import _FRAME, _SET, OP_DEL, OP_SET, Record, pack_record
 
-STORE = sys.modules["apsi_memory.store.store"]  # the module holding Store (``apsi_memory.store`` is the function)
+STORE = sys.modules["apsi_memory.store.core"]  # the module holding Store (``apsi_memory.store`` is the function)
 BIG = {"payload": "x" * 40_000}  # its own .pkl file
 SMALL = {"small": 1}  # inside the journal
 

@@ -8,9 +8,9 @@ import threading
 import pytest
 
 import apsi_memory as memory
+from apsi_memory.arrays.pools import Pool
 from apsi_memory.decide import Level
-from apsi_memory.pool import Pool
-from apsi_memory.watch import Watcher, next_call
+from apsi_memory.machinery.watcher import Watcher, next_call
 from sim.tree import MiB
 
 # -- the timing rule ------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import watch
 from apsi_memory.adapters.psi import trigger_line
+from apsi_memory.machinery import watcher as watch
 
 
 def test_the_trigger_line_is_a_share_of_the_window_and_ends_with_nul() -> None:

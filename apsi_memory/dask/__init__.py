@@ -23,6 +23,10 @@ Pausing
 dask un-pauses any paused worker whose RSS is under its pause fraction every 100 ms, so ``PressurePlugin`` owns
 pausing: it switches dask's own pause off on its worker and applies both rules (the pressure level, and RSS at the
 pause fraction of the limit).
+
+``tasks`` holds what runs on the workers for ``map`` and ``to_dask``.
+
+May import: decide, system, adapters, machinery, arrays, blocks.
 """
 
 from __future__ import annotations
@@ -48,10 +52,10 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from .. import decide
 from ..adapters.dask_workers import dask_workers_in_group, family
 from ..decide import DASK_PAUSE_FRACTION, Level, chunk_bytes, ram_tier_limit, worker_pause_cause
-from ..machinery import machine
+from ..machinery.machines import machine
+from ..machinery.watcher import relieve
 from ..units import fmt_size
-from ..watch import relieve
-from .blocks import map_on_cluster, to_dask
+from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
            "follow_limit", "map_on_cluster", "to_dask", "worker_memory_limit"]

@@ -4,28 +4,13 @@ The adapters (``apsi_memory.adapters``) read the kernel's files and hand plain n
 public API glues the two. Keeping the rules here, as data tables, makes every documented behaviour testable with
 integers and lets property tests check monotonicity without a machine. ``levels`` holds the pressure levels (its
 docstring is their theory of operation), ``memory`` the budget, placement, eviction, batches, memory limits and
-relief, ``dask`` the rules of Dask workers; every name is re-exported here (``decide.place``)."""
+relief, ``workers`` the rules of Dask workers; every name is re-exported here (``decide.place``).
+
+May import: nothing of ours but errors and units.
+"""
 
 from __future__ import annotations
 
-from .dask import (
-    CHUNKS_PER_TASK,
-    CLUSTER_MAX_IN_FLIGHT,
-    DASK_OUTSIDE_WORKERS_BYTES,
-    DASK_PAUSE_FRACTION,
-    DASK_RESUME_GAP,
-    DASK_SPILL_TARGET,
-    DASK_WORKER_BASE_BYTES,
-    DASK_WORKER_PROCESS_BYTES,
-    MIN_CHUNK_BYTES,
-    P2P_BUFFER_SHARE,
-    P2P_MIN_WORKER_BYTES,
-    chunk_bytes,
-    cluster_blocks_in_flight,
-    dask_settings,
-    worker_memory_limit,
-    worker_pause_cause,
-)
 from .levels import (
     HOST_SHORT_FREE,
     LEVEL_TABLE,
@@ -66,6 +51,24 @@ from .memory import (
     smallest_limit,
     usable_memory,
     working_set,
+)
+from .workers import (
+    CHUNKS_PER_TASK,
+    CLUSTER_MAX_IN_FLIGHT,
+    DASK_OUTSIDE_WORKERS_BYTES,
+    DASK_PAUSE_FRACTION,
+    DASK_RESUME_GAP,
+    DASK_SPILL_TARGET,
+    DASK_WORKER_BASE_BYTES,
+    DASK_WORKER_PROCESS_BYTES,
+    MIN_CHUNK_BYTES,
+    P2P_BUFFER_SHARE,
+    P2P_MIN_WORKER_BYTES,
+    chunk_bytes,
+    cluster_blocks_in_flight,
+    dask_settings,
+    worker_memory_limit,
+    worker_pause_cause,
 )
 
 __all__ = [

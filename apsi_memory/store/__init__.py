@@ -3,8 +3,12 @@
 The package, by what each module knows: ``keys`` (keys <-> bytes, entry names), ``records`` (the journal's record
 format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``checkpoint`` (the index saved, so an
 open replays only the journal's tail), ``tiers`` (the RAM tier and the SSD tier's index, pure), ``codec`` (values
-<-> signed ``.npy`` or pickle bytes), ``folders`` (where stores may live) and ``store`` (the ``Store`` class
-joining them). Imports go one way: keys <- records <- codec, checkpoint <- tiers, journal <- store <- this module.
+<-> signed ``.npy`` or pickle bytes), ``signing`` (this user's key and the MACs), ``folders`` (where stores may
+live) and ``core`` (the ``Store`` class joining them); ``cached`` and ``hashing`` (``@memory.cached`` and its keys)
+build on the store. Imports go one way: keys <- records <- codec, checkpoint <- tiers, journal <- core <- this
+module <- cached. ``apsi_memory.store`` is callable as ``store()``.
+
+May import: decide, system, adapters, machinery.
 
 Theory of operation
 -------------------
@@ -18,7 +22,7 @@ A store is a folder::
 
 Values up to 16 KiB (pickled, or a small array in .npy form) are written *inside* their journal record: creating
 a file costs far more than appending to one, and that is what keeps ``set`` cheap. Every value, inline or not, is
-signed with this user's key (``apsi_memory.signing``).
+signed with this user's key (``apsi_memory.store.signing``).
 
 *Visibility is atomic*: a bigger value goes to a fresh file under a random name (``O_EXCL``, never overwritten)
 and only then does one journal record name it; a small one is part of its record. Records carry their length and
@@ -69,7 +73,7 @@ half-written is ever read. A file another process removed (evicted, replaced) re
 version and the bytes: ``codec.py``) checks out; a mismatch means the file was changed outside the library,
 truncated, swapped with another entry's or an older one, copied from another store, or signed with another user's
 key: it reads as a miss, is removed and a ``TamperWarning`` names it. The key, the folders and ``lock``/``index``
-are checked once, at open (``apsi_memory.trust``); names read from the journal are checked before any use, and every file
+are checked once, at open (``apsi_memory.system.trust``); names read from the journal are checked before any use, and every file
 operation is relative to the store's folder descriptors (``journal.py``). Arrays are never unpickled. Small
 arrays (read whole) are signed over their bytes; big ones come back memory-mapped, so hashing them on every read
 would defeat the mapping: their signature covers the key, the .npy header and the length (a swapped or
@@ -84,23 +88,37 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
+from typing import Any
 
 from ..errors import SizeError
-from ..paths import display, private_dir, store_dir
+from ..system.paths import display, private_dir, store_dir
 from ..units import GiB, MiB
+from .core import Store
 from .folders import allow_write, path_text, resolve_folder
 from .keys import Key, decode_key, encode_key
 from .stats import CacheStats
-from .store import Store
 
-__all__ = ["DEFAULT_DISK_GB", "DEFAULT_RAM_MB", "CacheStats", "Key", "Store", "allow_write", "decode_key", "encode_key",
-           "limits", "path_text", "resolve_folder", "store"]
+__all__ = [
+    "DEFAULT_DISK_GB",
+    "DEFAULT_RAM_MB",
+    "CacheStats",
+    "Key",
+    "Store",
+    "allow_write",
+    "byte_limits",
+    "decode_key",
+    "encode_key",
+    "path_text",
+    "resolve_folder",
+    "store",
+]
 
 DEFAULT_RAM_MB = 256.0
 DEFAULT_DISK_GB = 10.0
 
 
-def limits(ram_mb: float, disk_gb: float) -> tuple[int, int]:
+def byte_limits(ram_mb: float, disk_gb: float) -> tuple[int, int]:
     """``ram_mb`` and ``disk_gb`` as bytes, each checked (``SizeError`` naming it): what ``store`` and ``@cached``
     take."""
     return _size_bytes(ram_mb, MiB, "ram_mb"), _size_bytes(disk_gb, GiB, "disk_gb")
@@ -126,10 +144,18 @@ def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
     ``with memory.store(...) as s:`` closes it at the end; ``s.stats()`` counts hits, misses and evictions. Every folder on the way that the store creates is 0700; a store folder, or its key, that another
     user could write is refused with an ``UnsafePathError`` naming the fix.
     """
-    ram_bytes, disk_bytes = limits(ram_mb, disk_gb)
+    ram_bytes, disk_bytes = byte_limits(ram_mb, disk_gb)
     folder = resolve_folder(name_or_path)
     if os.path.dirname(folder) == store_dir():
         private_dir(store_dir())  # the folder of named stores: ours, and writable by nobody else
     text = os.fspath(name_or_path)
     label = text if folder == os.path.join(store_dir(), text) else display(folder)
     return Store(folder, label, ram_bytes, disk_bytes)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "limits":  # its name until 0.1.0, beside the unrelated ``memory.limits()``
+        warnings.warn("apsi_memory.store.limits is now apsi_memory.store.byte_limits; the old name goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return byte_limits
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

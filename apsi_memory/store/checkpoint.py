@@ -29,10 +29,10 @@ from struct import Struct
 from typing import NamedTuple, Protocol
 
 from ..errors import DiskFullError, TamperWarning
-from ..fileio import new_file, write_all
-from ..signing import SIGNATURE_BYTES, bulk_mac, bulk_mac_verify
+from ..system.fileio import new_file, write_all
 from . import rows
 from .records import Entry
+from .signing import SIGNATURE_BYTES, bulk_mac, bulk_mac_verify
 
 NAME = "checkpoint"
 # Earlier layouts have other magics and are ignored, the journal replayed whole (once: that writes a new one):

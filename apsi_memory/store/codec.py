@@ -23,10 +23,10 @@ import numpy as np
 import numpy.lib.format as npformat
 
 from ..errors import ArgumentTypeError
-from ..fileio import npy_header
-from ..signing import SIGNATURE_BYTES, keyed_state, mac_keyed, sign, verify
+from ..system.fileio import npy_header
 from .keys import KIND_NPY_MAP, KIND_NPY_READ, KIND_PICKLE, NAME_BYTES
 from .records import Entry
+from .signing import SIGNATURE_BYTES, keyed_state, mac_keyed, sign, verify
 
 MMAP_MIN_BYTES = 128 * 1024  # arrays at least this big come back memory-mapped (a file read whole below it)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DiskFullError
-from ..fileio import new_file, unlink_quietly, writev_all
+from ..system.fileio import new_file, unlink_quietly, writev_all
 from .codec import Seal, _Held, _Tampered, decode, held_mapping, load_mapped, private_map
 from .keys import KIND_NPY_MAP, is_data_name
 from .records import Entry

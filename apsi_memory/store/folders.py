@@ -7,10 +7,10 @@ import errno
 import os
 import threading
 
-from .._once import fork_hooks
 from ..errors import ArgumentError, ArgumentTypeError, UnsafePathError
-from ..paths import display, store_dir
-from ..trust import within
+from ..system.once import fork_hooks
+from ..system.paths import display, store_dir
+from ..system.trust import within
 
 _allowed: set[str] = set()
 _allowed_lock = threading.Lock()

@@ -7,7 +7,7 @@ import threading
 import weakref
 from typing import Protocol
 
-from .._once import each, fork_hooks
+from ..system.once import each, fork_hooks
 
 # A fork waits this long for a store another thread is using (so the child gets it in a consistent state).
 FORK_WAIT_S = 10.0

@@ -21,12 +21,12 @@ import warnings
 import weakref
 from collections.abc import Callable
 
-from .._libc import posix_fallocate
-from .._once import each, fork_hooks
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
-from ..fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
-from ..paths import display
-from ..trust import open_file
+from ..system.fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
+from ..system.libc import posix_fallocate
+from ..system.once import each, fork_hooks
+from ..system.paths import display
+from ..system.trust import open_file
 from ..units import MiB, fmt_size
 from . import checkpoint
 from .records import (

@@ -12,7 +12,7 @@ from sphinx.application import Sphinx
 from sphinx.util.docutils import SphinxDirective
 from sphinx.util.nodes import nested_parse_with_titles
 
-from apsi_memory import cli
+from apsi_memory.cli import commands as cli
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -44,7 +44,7 @@ class ApsiCli(SphinxDirective):
 
     def run(self) -> list[nodes.Node]:
         container = nodes.section()
-        nested_parse_with_titles(self.state, StringList(reference(cli._parser()), source="apsi_memory/cli.py"),
+        nested_parse_with_titles(self.state, StringList(reference(cli._parser()), source="apsi_memory/cli/commands.py"),
                                  container)
         return list(container.children)
 

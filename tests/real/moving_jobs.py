@@ -21,7 +21,7 @@ WINDOW = 32 * MiB
 
 def job(kind: str, seconds: float, move_at: str = "high") -> int:
     import apsi_memory as memory
-    from apsi_memory import moving
+    from apsi_memory.arrays import moving
     from apsi_memory.decide import Level
 
     moving.MOVE_AT = Level.parse(move_at)  # the level compared in docs/guides/what-moves.md

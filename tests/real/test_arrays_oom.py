@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 
-from apsi_memory import spill
+from apsi_memory.arrays import spill
 from apsi_memory.errors import DiskFullError
 
 pytestmark = pytest.mark.real

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import spill
+from apsi_memory.arrays import spill
 
 pytestmark = pytest.mark.real
 psutil = pytest.importorskip("psutil")

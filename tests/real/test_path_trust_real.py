@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import signing, spill
+from apsi_memory.arrays import spill
 from apsi_memory.errors import UnsafePathError
+from apsi_memory.store import signing
 
 pytestmark = pytest.mark.real
 FLOAT64 = np.dtype("float64")

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from apsi_memory import signing
 from apsi_memory.errors import DiskFullError, NotCachedWarning, UnsafePathError
+from apsi_memory.store import signing
 
 pytestmark = pytest.mark.real
 

@@ -1,0 +1,11 @@
+"""Arrays that live where they fit: ``memory.array`` in RAM within the budget, else memory-mapped from a spill
+file (``array``, ``spill``); moved to the SSD in place when memory gets tight (``moving``); and temporaries
+reused instead of allocated again (``pool``).
+
+May import: decide, system, adapters, machinery.
+"""
+
+from .placement import ArrayRecord, array, free, on_disk, report
+from .pools import Pool, pool
+
+__all__ = ["ArrayRecord", "Pool", "array", "free", "on_disk", "pool", "report"]

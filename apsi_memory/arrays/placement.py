@@ -1,0 +1,379 @@
+"""``memory.array``: a NumPy array in RAM while it fits the budget, memory-mapped from a spill file when it does not.
+
+What a user gets
+----------------
+* Always a real ``numpy.ndarray``, zero-filled like ``numpy.zeros``: a plain ``ndarray`` in RAM, a
+  ``numpy.memmap`` (a subclass) on the SSD. NumPy code cannot tell them apart; ``on_disk(x)`` can.
+* Where it goes is ``decide.place(nbytes, budget_left, level)``, with ``budget_left`` the budget less the RAM our
+  arrays already hold, capped at the memory free now less the pages of our arrays not written yet (see
+  ``budget_left``), and the level from ``current_level()`` (re-measured at most twice a second). Arrays under
+  ``SMALL_ARRAY_BYTES`` always stay in RAM, so for them neither is read: a small ``memory.array`` costs a
+  ``numpy.zeros`` plus the bookkeeping that lets ``report()`` list it.
+* Big RAM arrays get their own anonymous mapping (not ``malloc``) so ``free`` can hand the pages back while views
+  still point at them (see below).
+
+Under pressure
+--------------
+A big RAM array may later move to a spill file in place, same object and address (``moving.py``, and
+docs/guides/what-moves.md): its entry then says SSD, ``moved at pressure high``, and ``free`` deletes the file.
+
+After ``free(x)``
+-----------------
+The RAM or the file's blocks are given back at once, even while views exist, and nothing is unmapped, so nothing
+that still points at them can crash the interpreter: a RAM array's pages are replaced in place by fresh anonymous
+zero pages (``spill.detach``); a spilled array's file has its blocks punched out and is deleted (``spill.release``:
+this asks for no memory, whatever the size). ``x`` (and the array ``memory.array`` returned) become read-only:
+writing raises NumPy's ``ValueError: assignment destination is read-only``; reading gives zeros. Views made before
+``free`` read zeros and can still be written (into RAM, or into the deleted file, that is then the view's and goes
+when the view goes). Arrays under
+``SMALL_ARRAY_BYTES`` live in NumPy's own allocation, which cannot be split from ``x``: ``free`` makes them
+read-only and drops them from ``report()``; their few bytes go back when the last reference goes. Freeing twice,
+or freeing a view after its array, does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import mmap
+import operator
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
+
+from ..decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
+from ..errors import ArgumentError, ArgumentTypeError, NotFreedWarning
+from ..machinery.held import Ledger
+from ..machinery.machines import machine
+from ..machinery.reading import Limits
+from ..units import fmt_size
+from . import moving, spill
+
+log = logging.getLogger("apsi_memory.arrays")  # the documented logger name (docs: "What it logs")
+_HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
+
+
+class ArrayRecord(NamedTuple):
+    """One live ``memory.array``: what ``report()`` lists. ``str()`` is the SPEC's line and why it went there:
+    ``[200000000, 8] float32 5.960 GB SSD /home/me/.apsi/spill/apsi-….npy — 6.0 GB is more than the 1.2 GB left
+    of the budget``."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+    place: Place
+    path: str | None  # the spill file; None in RAM
+    why: str = ""  # decide.place_reason when it was made: "fits the budget (1.2 of 4.0 GB left)", "pressure high"
+
+    @property
+    def reason(self) -> str:
+        """The place and why: ``RAM: fits the budget (1.2 of 4.0 GB left)``, ``SSD: pressure high``."""
+        return f"{self.place}: {self.why}"
+
+    def __str__(self) -> str:
+        where = f"{self.place} {self.path}" if self.path else str(self.place)
+        return f"{list(self.shape)} {self.dtype} {fmt_size(self.nbytes, 3)} {where} — {self.why}"
+
+
+_T = TypeVar("_T", bound="_Tracked")
+
+
+class _Tracked(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to the object that holds an array's memory (the mmap, or a small array itself), carrying
+    what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
+    what a small ``memory.array`` costs over ``numpy.zeros``."""
+
+    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "note", "path", "place", "shape",
+                 "why")
+
+    def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
+        return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
+
+    def __init__(self, owner: Any, x: np.ndarray, place: Place, why: str, path: str | None = None, address: int = 0,
+                 length: int = 0, ledger: Ledger | None = None) -> None:
+        self.key = id(owner)  # (weakref.ref.__init__ only checks the arguments __new__ already took)
+        self.shape: tuple[int, ...] = x.shape
+        self.dtype = x.dtype
+        self.place = place
+        self.why = why
+        self.path = path
+        # Holding the returned array strongly would keep the memory alive; a small array is its own owner.
+        self.array: Any = self if x is owner else weakref.ref(x)
+        self.address = address  # the pages to give back on free (0, 0 for a small array: NumPy's allocation)
+        self.length = length
+        self.ledger = ledger  # where a big RAM array is counted: its bytes go back there, whichever machine is in use
+        self.freed = False
+        self.note = ""  # why it stayed in RAM when it could not move, or that it moved only in part (moving.py)
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes_of(self.shape, self.dtype)
+
+    def record(self) -> ArrayRecord:
+        why = f"{self.why}; {self.note}" if self.note else self.why
+        return ArrayRecord(self.shape, self.dtype, self.nbytes, self.place, self.path, why)
+
+
+_tracked: dict[int, _Tracked] = {}  # by id(owner); entries leave when the owner is garbage-collected
+_lock = threading.Lock()
+
+
+# -- input -------------------------------------------------------------------------------------------------------
+
+def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
+    """``(200_000_000, 8)`` from an int or a sequence of ints; ``ValueError``/``TypeError`` naming the shape."""
+    try:
+        items = (shape,) if isinstance(shape, (int, np.integer, np.bool_)) else tuple(shape)
+        dims = tuple(operator.index(dim) for dim in items if not isinstance(dim, (bool, np.bool_)))
+    except TypeError:
+        raise ArgumentTypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
+    if len(dims) < len(items):  # [True, 2] would read as (1, 2)
+        raise ArgumentTypeError(f"shape {shape!r} holds a bool, which is not a size")
+    if dims and min(dims) < 0:
+        raise ArgumentError(f"shape {shape!r} has a negative dimension")
+    return dims
+
+
+_dtypes: dict[Any, np.dtype[Any]] = {}  # np.dtype("float64") parses the string on every call; arrays are made often
+
+
+def normalize_dtype(dtype: Any) -> np.dtype[Any]:
+    """The ``numpy.dtype`` for ``dtype``; ``TypeError`` naming it when it is not one or holds Python objects."""
+    try:
+        return _dtypes[dtype]
+    except (KeyError, TypeError):  # TypeError: an unhashable spec, e.g. a list of fields
+        pass
+    try:
+        result: np.dtype[Any] = np.dtype(dtype)
+    except TypeError as exc:
+        raise ArgumentTypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
+    if result.hasobject:
+        raise ArgumentTypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped "
+                                "file; use a numeric dtype")
+    if result.itemsize == 0:  # "S0"/"U0": NumPy makes S1/U1 arrays, so count the bytes they really take
+        result = np.empty(0, result).dtype
+    with contextlib.suppress(TypeError):
+        _dtypes[dtype] = result
+    return result
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes an array of ``shape`` and ``dtype`` takes; ``ArgumentError`` naming both when no array can be that
+    big (more than an address can count)."""
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
+    if nbytes > sys.maxsize:
+        raise ArgumentError(f"shape {shape} of {dtype} would take {nbytes} bytes, more than any array can hold "
+                            f"({sys.maxsize} at most)")
+    return nbytes
+
+
+# -- array -------------------------------------------------------------------------------------------------------
+
+def array(shape: int | Sequence[int], dtype: Any = "float64") -> np.ndarray:
+    """A zero-filled array of ``shape`` and ``dtype``: in RAM if it fits what is left of the budget and memory is
+    not under ``high`` pressure, otherwise memory-mapped from a spill file (see the module docstring)."""
+    dims, kind = normalize_shape(shape), normalize_dtype(dtype)
+    nbytes = nbytes_of(dims, kind)
+    if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
+        return _small(dims, kind)
+    where, why = _where(nbytes)
+    log.debug("%s %s %s: %s", list(dims), kind, where, why)
+    if where is Place.SSD:
+        return _spilled(dims, kind, why)
+    return _big_in_ram(dims, kind, nbytes, why)
+
+
+def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_bytes: int) -> int:
+    """What RAM a new array may still take: the budget less what our RAM arrays hold, and never more than is
+    free once the pages of our arrays that nobody has written yet are counted as used too. (The kernel counts
+    those as free, and the default budget counts all we hold back into free; without this, arrays made before
+    they are filled could add up to more than the machine has.)"""
+    return max(0, min(budget_bytes - held_bytes, free_bytes - unwritten_bytes))
+
+
+def _where(nbytes: int) -> tuple[Place, str]:
+    """``place`` with the budget left, and ``place_reason``. ``nbytes`` is published to the siblings first; their
+    entries are read as an upper bound, and exactly only when that says SSD."""
+    m = machine()
+    level, reading = m.level_and_limits(reserving=nbytes)  # the level (when due), budget and free from one reading
+    where, why = _decide(nbytes, level, reading, m.ledger.held())
+    if where is Place.SSD and reading.siblings:
+        where, why = _decide(nbytes, level, m.exact_limits(), m.ledger.held())
+    if where is Place.SSD:
+        m.release(nbytes)
+    return where, why
+
+
+def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Place, str]:
+    """How much of our arrays is still unwritten is only looked up (one ``mincore`` per RAM array) when the
+    answer depends on it: between "all written" and "none written"."""
+    free = reading.free_bytes - reading.siblings_reserved_bytes  # the siblings' placed, not yet charged, arrays
+
+    def left(unwritten: int) -> int:
+        return budget_left(reading.budget_bytes, held, free, unwritten)
+
+    if place(nbytes, left(0), level) is Place.SSD:
+        unwritten = 0
+    elif place(nbytes, left(held), level) is Place.RAM:
+        unwritten = held
+    else:
+        unwritten = held - _resident_in_ram()
+    return place(nbytes, left(unwritten), level), place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
+
+
+def ram_entries(ledger: Ledger | None = None) -> list[_Tracked]:
+    """The live big RAM arrays (those that can move), oldest first; with ``ledger``, those of that machine."""
+    return [e for e in list(_tracked.values())
+            if e.place is Place.RAM and e.length and not e.freed and (ledger is None or e.ledger is ledger)]
+
+
+def _resident_in_ram() -> int:
+    """Bytes of our live RAM arrays that are in memory (written at least once)."""
+    return sum(spill.resident(e.address, e.length) for e in ram_entries())
+
+
+_SMALL_WHY = place_reason(0, 0, 0, Level.OK)
+
+
+def _small(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """NumPy's own allocation, listed by ``report`` but not counted in the ledger: the budget is for big arrays,
+    and the kernel already counts small ones as used like any other allocation."""
+    x = np.zeros(shape, dtype)
+    _remember(_Tracked(x, x, Place.RAM, _SMALL_WHY))
+    return x
+
+
+def anonymous_memory(nbytes: int) -> mmap.mmap:
+    """Fresh zero pages of this process's own: private (Python's default, ``MAP_SHARED``, would be shared memory:
+    copied into children by ``fork`` as shared, not given back by ``MADV_DONTNEED``, and without huge pages)."""
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if nbytes >= _HUGE_PAGE_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
+        buffer.madvise(mmap.MADV_HUGEPAGE)
+    return buffer
+
+
+def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) -> np.ndarray:
+    buffer = anonymous_memory(nbytes)
+    x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
+    m = machine()
+    ledger = m.ledger
+    _remember(_Tracked(buffer, x, Place.RAM, why, None, x.ctypes.data, len(buffer), ledger))
+    moving.watch(m, ram_entries)  # under pressure it may move to a spill file (moving.py)
+    ledger.add(nbytes)
+    return x
+
+
+def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: str) -> np.memmap:
+    x = spill.create(shape, dtype)
+    mapping = x._mmap  # type: ignore[attr-defined]  # numpy.memmap's own mmap: the owner of the pages
+    # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
+    start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY
+    _remember(_Tracked(mapping, x, Place.SSD, why, str(x.filename), start, len(mapping)))
+    return x
+
+
+def _remember(entry: _Tracked) -> None:
+    _tracked[entry.key] = entry  # one dict store: atomic under the GIL, no lock needed
+
+
+def _forget(entry: _Tracked) -> None:
+    """The owner was garbage-collected: its memory is gone with it. (Its id cannot be reused before this runs,
+    so the entry under that key is this one.)"""
+    _tracked.pop(entry.key, None)
+    if not entry.freed:
+        _give_back(entry, release=False)
+
+
+def _give_back(entry: _Tracked, release: bool) -> None:
+    if entry.length == 0:
+        return  # a small array: NumPy's allocation, not in the ledger (see _small)
+    with moving.lock:  # not in the middle of a move: after it, the array is where the entry says
+        _give_back_now(entry, release)
+
+
+def _give_back_now(entry: _Tracked, release: bool) -> None:
+    if entry.place is Place.RAM:
+        if entry.ledger is not None:
+            entry.ledger.remove(entry.nbytes)
+        if release:
+            spill.detach(entry.address, entry.length)
+    elif entry.path is not None:
+        if release:
+            spill.release(entry.path)
+        else:
+            spill.delete(entry.path)
+
+
+# -- free, on_disk, report ---------------------------------------------------------------------------------------
+
+def _find(x: Any) -> _Tracked | None:
+    """The entry for the memory ``x`` (an array or any view of it) lives in, following ``.base``."""
+    obj = x
+    while obj is not None:
+        entry = _tracked.get(id(obj))
+        if entry is not None and entry() is obj:
+            return entry
+        obj = getattr(obj, "base", None)
+    return None
+
+
+def free(x: np.ndarray) -> None:
+    """Give ``x``'s RAM back now, or delete its spill file now. ``x`` may be a view: its whole array is freed.
+
+    Afterwards ``x`` is read-only and reads zeros (see the module docstring). Freeing twice does nothing; an array
+    ``memory.array`` did not make is left as it is, with a ``NotFreedWarning``."""
+    if not isinstance(x, np.ndarray):
+        raise ArgumentTypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
+    entry = _find(x)
+    if entry is None:  # a live array we did not make (ours stay tracked while any view of them lives)
+        warnings.warn(NotFreedWarning(f"memory.free was given a {x.dtype} array of shape {list(x.shape)} that "
+                                      "memory.array did not make: nothing was freed"), stacklevel=2)
+        return
+    with _lock:
+        if entry.freed:
+            return
+        entry.freed = True
+    _make_read_only(x, entry.array())
+    _give_back(entry, release=True)
+
+
+def _make_read_only(*arrays: np.ndarray | None) -> None:
+    for a in arrays:
+        while isinstance(a, np.ndarray):
+            a.flags.writeable = False
+            a = a.base
+
+
+def on_disk(x: np.ndarray) -> bool:
+    """Whether ``x`` lives in a file (a spill file, or any ``numpy.memmap``) rather than RAM."""
+    if not isinstance(x, np.ndarray):
+        raise ArgumentTypeError(f"memory.on_disk takes a NumPy array, not {type(x).__name__}")
+    entry = _find(x)
+    if entry is not None:
+        return entry.place is Place.SSD
+    obj: Any = x
+    while isinstance(obj, np.ndarray):
+        if isinstance(obj, np.memmap):
+            return True
+        obj = obj.base
+    return False
+
+
+class Report(list[ArrayRecord]):
+    """``report()``'s list, with what the other processes of this group hold reserved
+    (``siblings_reserved_bytes``, as ``limits()``)."""
+
+    siblings_reserved_bytes = 0
+
+
+def report() -> Report:
+    """One record per live ``memory.array`` (not freed, not collected), oldest first."""
+    found = Report(entry.record() for entry in list(_tracked.values()) if not entry.freed)
+    found.siblings_reserved_bytes = machine().sibling_reading().reserved_bytes
+    return found

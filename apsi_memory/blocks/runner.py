@@ -1,0 +1,121 @@
+"""Running row blocks in row order, and checking what each block returned: shared by ``map``'s threads
+(``mapping``) and its dask engine (``dask.blocks``), which differ only in how a block reaches a worker.
+
+* ``run_in_order`` hands out blocks in row order, at most ``in_flight`` at once, over any futures (threads or a
+  cluster's) and stops at the first failing block in row order (``Stop``), whichever finished first.
+* ``result_of`` runs ``fn`` on one block and checks that it gave one row per input row; ``check_storable`` and
+  ``check_like`` hold every block to what a ``memory.array`` output can store and to block 0's row shape and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from ..errors import BlockError, ChunkError
+
+Spans = Sequence[tuple[int, int]]  # a list, or the dask engine's EvenSpans (two numbers, for any count)
+BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
+
+
+class BlockFuture(Protocol):
+    """What ``run_in_order`` needs of a future: a ``concurrent.futures.Future`` or a ``distributed.Future``."""
+
+    def exception(self) -> BaseException | None: ...
+
+    def result(self) -> Any: ...
+
+
+F = TypeVar("F", bound=BlockFuture)
+WaitFor = Callable[[set[F], str], tuple[set[F], set[F]]]
+
+
+class Stop:
+    """Blocks from ``first`` on do not start. Set to the first failed block, so the blocks before it still run:
+    the error raised is always that of the first failing block in row order, whichever thread noticed first."""
+
+    def __init__(self, count: int) -> None:
+        self.count = self.first = count
+
+    def at(self, index: int) -> None:
+        self.first = min(self.first, index)
+
+    @property
+    def stopping(self) -> bool:
+        return self.first < self.count
+
+
+def run_in_order(count: int, in_flight: int, submit: Callable[[int], F], wait_for: WaitFor[F],
+                 done: Callable[[int], None], stop: Stop, on_stop: Callable[[], None], start: int = 0) -> None:
+    """Blocks ``start..count-1`` submitted in row order, at most ``in_flight`` at once, ``done(index)`` called as
+    each finishes (in row order among those finishing together). When blocks fail, no block is submitted any
+    more, those running finish (an earlier one may fail too), and the error of the first failing block in row
+    order is raised. ``on_stop`` is called once the run stops early (a failure, or an interrupt)."""
+    running: set[F] = set()
+    index_of: dict[F, int] = {}
+    upcoming = iter(range(start, count))
+    try:
+        while True:
+            for index in upcoming:
+                future = submit(index)
+                running.add(future)
+                index_of[future] = index
+                if len(running) >= in_flight:
+                    break
+            if not running:
+                return
+            finished, running = wait_for(running, FIRST_COMPLETED)
+            failed = [future for future in finished if future.exception() is not None]
+            if failed:
+                stop.at(min(index_of[future] for future in failed))
+                on_stop()
+                rest, _ = wait_for(running, ALL_COMPLETED)  # earlier blocks still run, and may fail first
+                failed += [future for future in rest if future.exception() is not None]
+                first = min(failed, key=index_of.__getitem__).exception()
+                assert first is not None
+                raise first
+            for future in sorted(finished, key=index_of.__getitem__):
+                del index_of[future]  # a finished future is not kept: on a cluster it would hold its result
+                done(future.result())
+    except BaseException:
+        stop.at(0)
+        on_stop()
+        raise
+
+
+def result_of(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, index: int) -> np.ndarray:
+    """``fn`` on block ``index`` of ``array``, which must give one row per input row."""
+    start, stop = spans[index]
+    try:
+        result = np.asarray(fn(array[start:stop]))
+    except Exception as exc:
+        raise BlockError(f"fn failed on rows {rows_label(spans, index)}: {type(exc).__name__}: {exc}") from exc
+    if result.ndim == 0 or len(result) != stop - start:
+        shape = "a single value" if result.ndim == 0 else f"{len(result)} rows"
+        raise ChunkError(f"fn returned {shape} for rows {rows_label(spans, index)} ({stop - start} rows); map "
+                         "needs one result row per input row")
+    return result
+
+
+def check_storable(first: np.ndarray, spans: Spans) -> None:
+    """The output is a ``memory.array``: block 0's result must be something it can hold."""
+    if first.dtype.hasobject:
+        raise ChunkError(f"fn returned Python objects (dtype {first.dtype}) for rows {rows_label(spans, 0)}; "
+                         "the output is a memory.array, which holds numbers and fixed-size records only")
+
+
+def check_like(result: np.ndarray, out: np.ndarray, spans: Spans, index: int) -> None:
+    """Block ``index``'s result has the row shape and dtype of the output (made from block 0's)."""
+    if result.shape[1:] != out.shape[1:] or result.dtype != out.dtype:
+        raise ChunkError(f"fn returned rows of shape {result.shape[1:]} and dtype {result.dtype} for rows "
+                         f"{rows_label(spans, index)}, but rows of shape {out.shape[1:]} and dtype {out.dtype} for "
+                         "the first block; every block must give the same row shape and dtype")
+
+
+def rows_label(spans: Spans, index: int) -> str:
+    """``1000:2000 (block 2 of 10)``."""
+    start, stop = spans[index]
+    return f"{start}:{stop} (block {index + 1} of {len(spans)})"

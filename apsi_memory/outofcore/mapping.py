@@ -1,0 +1,192 @@
+"""``memory.map``: apply a function to every row block of an array on all cores, into an output that may be larger
+than RAM.
+
+    y = memory.map(lambda b: b * 2.0 + 1.0, x, rows=500_000)
+
+How it runs
+-----------
+* Blocks run on ``workers`` threads (default: the cores this process may use). NumPy releases the GIL in its
+  loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster.
+* The first block's result fixes the output: one row per input row, with the row shape and dtype of that result.
+  The output is a ``memory.array`` (RAM while it fits the budget, a spill file otherwise). The blocks that started
+  beside the first keep their results until the output exists, so no core waits for the first block.
+* At most two blocks per worker are in flight: each is read ahead when it is handed out, and once it and every
+  block before it are written, its input and output pages are released (see ``pages``), so memory stays flat
+  however large the input and output are.
+* A block whose result disagrees with the first (row count, row shape or dtype) raises ``ChunkError``; an
+  exception in ``fn`` raises ``BlockError`` naming the block's rows, with the original as its cause. Either way no
+  block after the failing one starts, the blocks before it and those already running finish, the error of the
+  first failing block in row order is raised (whichever thread noticed first), and the output is freed (its spill
+  file deleted).
+* An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
+* ``engine=client`` (a ``distributed.Client``) runs the blocks on a dask cluster instead, by the same rules and
+  with byte-identical results: see ``apsi_memory.dask`` (the ``apsi-memory[dask]`` extra).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from ..arrays import placement
+from ..blocks.pages import BlockPages
+from ..blocks.progress import Progress, progress_bar
+from ..blocks.rules import block_spans, positive_count, rows_per_block
+from ..blocks.runner import BLOCKS_PER_WORKER, Spans, Stop, check_like, check_storable, result_of, run_in_order
+from ..blocks.sources import resolve_source
+from ..errors import ArgumentTypeError
+from ..machinery.machines import machine
+from ..units import flag
+
+
+def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,
+        rows: int | None = None, workers: int | None = None, *, progress: bool = False,
+        engine: Any = None) -> np.ndarray:
+    """``fn`` applied to each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy``
+    path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight
+    hold about 32 MB of input. ``engine``: a ``distributed.Client`` to run the blocks on its cluster (``workers``
+    then defaults to the cluster's threads). See the module docstring for the rules."""
+    if not callable(fn):  # else every block would fail with the same TypeError, reported as the block's
+        raise ArgumentTypeError(f"map needs a function of a block, not {type(fn).__name__}")
+    progress = flag(progress, "map: progress")
+    if engine is not None:
+        from ..dask import map_on_cluster  # the dask extra, imported only when asked for
+
+        return map_on_cluster(engine, fn, x, rows, workers, progress=progress)
+    source = resolve_source(x)
+    n_workers = machine().cores() if workers is None else positive_count(workers, "workers", "a number of threads")
+    block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
+    array = source.open()
+    spans = block_spans(len(array), block_rows) or [(0, 0)]
+    inputs = BlockPages(array, spans)
+    bar = progress_bar(progress, len(array), "map")
+    try:
+        return _run(fn, array, spans, inputs, n_workers, bar)
+    finally:
+        inputs.close()
+        bar.close()
+
+
+class _Output:
+    """The output array, made from block 0's result by the thread that computed it. Blocks that started beside
+    block 0 keep their results until it exists (``wait``), so no core idles while the first block runs."""
+
+    def __init__(self, rows: int, spans: Spans) -> None:
+        self.rows, self.spans = rows, spans
+        self.array: np.ndarray | None = None
+        self.pages: BlockPages | None = None
+        self._unnoted: list[int] = []  # blocks handed out before the output existed
+        self._lock = threading.Lock()
+        self._settled = threading.Event()  # made, or never will be
+
+    def make(self, first: np.ndarray) -> None:
+        check_storable(first, self.spans)
+        array = placement.array((self.rows,) + first.shape[1:], first.dtype)
+        with self._lock:
+            self.array, self.pages = array, BlockPages(array, self.spans)
+            for index in self._unnoted:
+                self.pages.note(self.spans[index][1])
+            self._unnoted.clear()
+        self._settled.set()
+
+    def note(self, index: int) -> None:
+        """Block ``index`` is about to be written (see ``BlockPages.note``)."""
+        with self._lock:
+            if self.pages is None:
+                self._unnoted.append(index)
+            else:
+                self.pages.note(self.spans[index][1])
+
+    def wait(self) -> np.ndarray | None:
+        self._settled.wait()
+        return self.array
+
+    def give_up(self) -> None:
+        """No output will come (block 0 failed, or the run stopped): wake the blocks waiting for it."""
+        self._settled.set()
+
+    def finished(self, index: int) -> None:
+        if self.pages is not None:
+            self.pages.finished(index)
+
+    def close(self) -> None:
+        if self.pages is not None:
+            self.pages.close()
+
+    def discard(self) -> None:
+        """The caller will never see the output: its RAM or spill file goes now."""
+        self.close()
+        if self.array is not None:
+            placement.free(self.array)
+
+
+def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
+         workers: int, bar: Progress) -> np.ndarray:
+    output = _Output(len(array), spans)
+    try:
+        _run_blocks(fn, array, spans, inputs, output, workers, bar)
+    except BaseException:
+        output.discard()
+        raise
+    output.close()
+    assert output.array is not None
+    return output.array
+
+
+def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
+                output: _Output, workers: int, bar: Progress) -> None:
+    """Every block on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight."""
+    stop = Stop(len(spans))
+
+    def work(index: int) -> int:
+        if index >= stop.first:  # at or after a failed block: do not start
+            return index
+        try:
+            result = result_of(fn, array, spans, index)
+            if index == 0:
+                output.make(result)
+        finally:
+            if index == 0:
+                output.give_up()  # made, or failed: either way nobody may wait longer
+        out = output.wait()
+        if out is not None:
+            check_like(result, out, spans, index)  # even when stopping: an earlier block's error wins
+            if not stop.stopping:
+                out[spans[index][0]:spans[index][1]] = result
+        return index
+
+    def submit(index: int) -> Future[int]:
+        inputs.read_ahead(*spans[index])
+        output.note(index)
+        return pool.submit(contextvars.copy_context().run, work, index)  # ``fn`` sees the caller's machine()
+
+    def done(index: int) -> None:
+        _finished(index, spans, inputs, output, bar)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
+        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, _wait_threads, done, stop, output.give_up)
+
+
+def _wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
+    done, running = wait(futures, return_when=when)
+    return done, running
+
+
+def _finished(index: int, spans: Spans, inputs: BlockPages, output: _Output, bar: Progress) -> None:
+    inputs.finished(index)
+    output.finished(index)
+    bar.update(spans[index][1] - spans[index][0])
+
+
+def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, client: Any = None) -> Any:
+    """``x`` as a ``dask.array`` with one chunk per block of ``rows`` rows, for clusters that do not share this
+    machine's files (``apsi-memory[dask]``; see ``apsi_memory.dask.tasks.to_dask``)."""
+    from ..dask import to_dask as on_dask  # the dask extra, imported only when asked for
+
+    return on_dask(x, rows, client=client)

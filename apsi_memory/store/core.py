@@ -1,0 +1,544 @@
+"""``Store``: the two tiers, the journal and the value files joined into one mapping (see the package docstring
+for the theory of operation)."""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..decide import Level, ram_tier_limit
+from ..errors import (
+    ArgumentTypeError,
+    DiskFullError,
+    MissingKeyError,
+    OldEntryWarning,
+    SizeError,
+    StoreClosedError,
+    TamperWarning,
+    UnloadableWarning,
+)
+from ..machinery.machines import machine
+from ..system.fileio import write_new
+from ..system.trust import open_folder
+from ..units import MiB, byte_count, fmt_size
+from . import checkpoint, datafiles, forks
+from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
+from .folders import allowed_folder, checked_arguments
+from .journal import _Journal, close_files, disk_full
+from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, OldKey, decode_key, encode_key, new_stem, shown_key
+from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
+from .signing import user_key
+from .stats import CacheStats, Counts
+from .tiers import _Index, _RamTier
+
+# Reads are remembered in memory and written to the journal in batches (with the next write, or at this many).
+TOUCH_BATCH = 512
+# Values up to this size live inside the journal itself: one append instead of a new file per entry (creating a
+# file costs far more than appending to one). Bigger ones get a file of their own.
+INLINE_MAX_BYTES = 16 * 1024
+# The journal is rewritten without its dead bytes once they exceed the live inline values and this much.
+COMPACT_MIN_BYTES = 4 * MiB
+
+
+# -- the store -----------------------------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+class Store:
+    """A two-tier cache in ``folder``, a mapping from keys to values. Use ``memory.store(name_or_path, ram_mb=...,
+    disk_gb=...)``. Keys are ``str``, ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys); values
+    are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable. An array read back is writable and
+    the caller's own (``get``)."""
+
+    def __init__(self, folder: str | os.PathLike[str], label: str, ram_bytes: int, disk_bytes: int,
+                 level: Callable[[], Level] | None = None) -> None:
+        folder = checked_arguments(folder, label, level)
+        allowed_folder(folder)  # before anything is made there: the check ``memory.store`` makes
+        self.folder = folder
+        self.label = label
+        self.ram_asked = byte_count(ram_bytes, "Store: ram_bytes")
+        self.disk_limit = byte_count(disk_bytes, "Store: disk_bytes")
+        self._machine = machine()  # the one whose levels this store hears, as it was when opened
+        self._level = level or self._machine.current_level
+        secret = user_key()
+        self._data = os.path.join(folder, "data")
+        self._dir_fd = open_folder(folder)  # every file operation is relative to these two (never a path)
+        journal: _Journal | None = None
+        try:  # the journal first: it refuses a folder that is not a store before anything is made there
+            journal = _Journal(folder, self._dir_fd)
+            self._data_fd = open_folder("data", self._dir_fd, shown=self._data)
+        except BaseException:
+            if journal is not None:
+                journal.close(wait=False)
+            os.close(self._dir_fd)
+            raise
+        self._journal = journal
+        self._seal = seal_for(secret, self._journal.ident)
+        self._lock = threading.RLock()
+        self._fork_held = False
+        self._closed = False
+        self._old_seen = False  # an entry signed the old way was met (warned once per handle)
+        self._settled = 0  # how many of the journal's pending reads the index has applied (``_settle_reads``)
+        self._counts = Counts()
+        self._key_counts: weakref.WeakSet[Counts] = weakref.WeakSet()  # a @cached function's, of its keys only
+        self._index = _Index()
+        self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
+        self._closer = weakref.finalize(self, close_files, self._journal, (self._data_fd, self._dir_fd), False)
+        forks.track(self)
+        with self._lock, self._journal.locked():
+            self._index.restore(self._journal.load_checkpoint(self._seal.store_key))  # then only the tail
+            self._catch_up()
+            self._compact_if_due()
+            self._unlink(self._evict_over_limit(keep=b""))
+            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)  # also for read-only users
+        self._machine.components.register(self)
+
+    def __reduce__(self) -> Any:
+        """A store is open files and locks of this process: another process opens it by name instead."""
+        raise ArgumentTypeError(f"a store cannot be pickled or sent to another process: open it there by name with "
+                                f"memory.store({self.label!r}) (any number of processes may use one store at once)")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.label} is closed; open it again with memory.store(...)")
+
+    # -- reading --
+
+    def get(self, key: Key, default: Any = None, *, writable: bool = True) -> Any:
+        """The value of ``key``, or ``default``. Every call returns a value of its own, as ``np.load`` would: a
+        pickled value is unpickled afresh, and an array is writable without the stored one ever changing: a copy
+        of a small array, a copy-on-write map of a big one's file (pages are copied only as they are written).
+        ``writable=False`` returns the store's own read-only array instead (no copy and no new mapping: the way to
+        share one big array between many readers)."""
+        if self._closed:
+            self._check_open()
+        encoded = encode_key(key)
+        with self._lock:
+            if self._journal.changed():  # a memory read; only another process's write costs more
+                self._catch_up()
+            values = self._ram.values
+            held = values.get(encoded)
+            if held is None:
+                return self._get_from_disk(encoded, default, writable)
+            values.move_to_end(encoded)
+            reads = self._journal.pending_touches  # ``_read``, unrolled: the hot path of a RAM hit
+            reads.append(encoded)
+            if len(reads) >= TOUCH_BATCH:
+                self.flush()
+            if held.kind != KIND_PICKLE:
+                value = datafiles.writable(held, self._data_fd) if writable else held.value
+            else:
+                try:
+                    value = pickle.loads(held.value)
+                except Exception:  # noqa: BLE001 - cannot be loaded here: the SSD tier's answer (a warned miss)
+                    self._ram.drop(encoded)
+                    return self._get_from_disk(encoded, default, writable)
+            self._counts.hits += 1  # counted once the value is in hand: a warned miss is only a miss
+            return value
+
+    def _get_from_disk(self, key: bytes, default: Any, writable: bool, second_look: bool = False) -> Any:
+        entry = self._index.get(key)
+        if entry is None:
+            self._counts.misses += 1
+            return default
+        try:
+            if entry.offset >= 0:  # inline: in the journal
+                value, held = decode(self._seal, key, os.pread(self._journal.fd, entry.size, entry.offset), entry)
+            else:
+                value, held = datafiles.load(self._seal, key, entry, self._data_fd)
+        except (FileNotFoundError, _Tampered, Unloadable) as err:
+            self._catch_up()
+            now = self._index.get(key)
+            if now != entry and not second_look:  # replaced, removed or compacted away meanwhile: not damage
+                return self._get_from_disk(key, default, writable, True)
+            if now == entry:
+                self._unreadable(key, entry, err)
+            self._counts.misses += 1
+            return default
+        self._counts.hits += 1
+        self._ram.put(key, held)
+        self._read(key)
+        return datafiles.writable(held, self._data_fd) if writable and held.kind != KIND_PICKLE else value
+
+    def _read(self, key: bytes) -> None:
+        """Remember a read: its recency reaches the index and the journal in batches (``_settle_reads``)."""
+        reads = self._journal.pending_touches
+        reads.append(key)
+        if len(reads) >= TOUCH_BATCH:
+            self.flush()
+
+    def _settle_reads(self) -> None:
+        """Move the keys read since the last settling to the recent end of the index, in the order they were read:
+        before anything that depends on that order (iteration, eviction, compaction, a checkpoint, another
+        process's records)."""
+        reads = self._journal.pending_touches
+        if len(reads) > self._settled:
+            self._index.touch(reads[self._settled:])
+            self._settled = len(reads)
+
+    def _take_reads(self) -> list[Record]:
+        """The reads not yet in the journal, as a record to append (settled in the index first)."""
+        if not self._journal.pending_touches:
+            return []  # a store that is only written: nothing to settle or take
+        self._settle_reads()
+        self._settled = 0
+        return self._journal.take_touches()
+
+    def _where(self, entry: Entry) -> str:
+        return self._journal.path if entry.inline else os.path.join(self._data, entry.name)
+
+    def _unreadable(self, key: bytes, entry: Entry, err: BaseException) -> None:
+        """A miss, each cause with its own truth: a missing file is silent; a value that verifies but cannot be
+        loaded here warns and stays for the processes that can; an old-format one warns once and goes; only a
+        failed check is tampering."""
+        where, shown = self._where(entry), shown_key(key)
+        if isinstance(err, Unloadable):
+            warnings.warn(UnloadableWarning(f"{where}: entry {shown!r} is intact but cannot be loaded here ({err}); "
+                                            "read as a miss and left in place"), stacklevel=4)
+            return
+        if isinstance(err, OldFormat):
+            if not self._old_seen:
+                self._old_seen = True
+                warnings.warn(OldEntryWarning(f"store {self.label}: entries written by an older apsi_memory read as "
+                                              "misses and are removed as they are met"), stacklevel=4)
+        elif isinstance(err, _Tampered):
+            warnings.warn(TamperWarning(
+                f"{where}: entry {shown!r}: {err} (changed outside apsi_memory, truncated, copied from another "
+                "store, or written by another user); removed unread"), stacklevel=4)
+        self._forget(key, entry)
+
+    def _forget(self, key: bytes, entry: Entry) -> None:
+        """Drop an entry whose file is gone or failed its checks, for every process (a DEL record)."""
+        try:
+            with self._journal.locked():
+                self._catch_up()
+                if self._index.get(key) == entry:
+                    self._append([Record(OP_DEL, key)])
+                    self._index.remove(key)
+                    self._unlink([entry])
+        except OSError:
+            pass  # a full disk: it stays a miss here, and the next read that meets it tries again
+
+    def __getitem__(self, key: Key) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise MissingKeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        self._check_open()
+        encoded = encode_key(key)  # type: ignore[arg-type]
+        with self._lock:
+            self._catch_up()
+            return encoded in self._index
+
+    def __len__(self) -> int:
+        self._check_open()
+        with self._lock:
+            self._catch_up()
+            return len(self._index)
+
+    def __iter__(self) -> Iterator[Key]:
+        """Keys, least recently used first (a snapshot: changing the store while iterating is fine)."""
+        self._check_open()
+        with self._lock:
+            self._catch_up()
+            self._settle_reads()
+            keys, old = [], []
+            for encoded in self._index.entries:
+                try:
+                    keys.append(decode_key(encoded))
+                except OldKey:
+                    old.append(encoded)
+            if old:
+                self._forget_old_keys(old)
+        return iter(keys)
+
+    def _forget_old_keys(self, old: list[bytes]) -> None:
+        """Entries an older version keyed by an int subclass's own ``str()``: no key can name them any more."""
+        warnings.warn(OldEntryWarning(f"store {self.label}: {len(old)} entries written by an older apsi_memory under "
+                                      "int-subclass keys cannot be named any more; removed"), stacklevel=3)
+        for encoded in old:
+            entry = self._index.get(encoded)
+            if entry is not None:
+                self._forget(encoded, entry)
+
+    def keys(self) -> list[Key]:
+        return list(self)
+
+    # -- writing --
+
+    def set(self, key: Key, value: Any) -> None:
+        """Store ``value``. Once its record is in the journal the set has happened: nothing after that (evicting,
+        compacting, removing replaced files) can make it raise or remove the new value's file."""
+        if self._closed:
+            self._check_open()
+        encoded = encode_key(key)
+        self._level()  # an allocation path: lets a pressure change reach on_level (cheap, rate-limited)
+        stem = new_stem()
+        blob = to_blob(self._seal, encoded, stem, value, self._ram.limit)
+        if blob.size > self.disk_limit:
+            raise SizeError(f"a {fmt_size(blob.size)} value does not fit this store's SSD tier "
+                            f"({fmt_size(self.disk_limit)}); nothing was stored")
+        inline = blob.kind != KIND_NPY_MAP and blob.size <= INLINE_MAX_BYTES
+        if inline:
+            entry, inline_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts)
+            held = None if blob.ram_value is None else _Held(blob.ram_value, blob.kind, blob.ram_nbytes, stem)
+        else:  # written outside the lock: nobody sees it before its record
+            entry, inline_value = Entry(stem + EXT[blob.kind], blob.kind, blob.size), b""
+            held = self._write_file(entry, blob)
+        with self._lock, self._journal:
+            try:
+                self._catch_up()
+                end = self._append(self._take_reads() + [Record(OP_SET, encoded, entry, inline_value)], adds=True)
+            except BaseException:
+                if not inline:
+                    self._unlink([entry])
+                raise
+            if inline:
+                entry = Entry(stem, blob.kind, blob.size, end - blob.size)
+            self._committed(encoded, entry, held)
+
+    def _write_file(self, entry: Entry, blob: _Blob) -> _Held | None:
+        """A value's own file, and what the RAM tier keeps of it: a big array mapped from that file, if it fits."""
+        def full() -> DiskFullError:
+            return disk_full(self._data, blob.size)
+        if entry.kind == KIND_NPY_MAP and blob.ram_nbytes <= self._ram.limit:
+            return datafiles.write_mapped(entry.name, self._data_fd, blob.parts, blob.size, full)
+        write_new(entry.name, self._data_fd, blob.parts, full)
+        return None if blob.ram_value is None else _Held(blob.ram_value, entry.kind, blob.ram_nbytes, entry.name)
+
+    def _committed(self, key: bytes, entry: Entry, held: _Held | None) -> None:
+        """Under both locks, after the SET record is in: index it, then make room. Files no record names any more
+        go before the lock is released, so the disk never holds more than the limit and the values in flight."""
+        old = self._index.put(key, entry)
+        if held is not None:
+            self._ram.put(key, held)
+        else:
+            self._ram.drop(key)
+        if old is not None:
+            self._unlink([old])
+        try:
+            self._compact_if_due(keep=key)
+            victims = self._evict_over_limit(keep=key)
+            if victims:
+                self._unlink(victims)
+        except OSError:
+            pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
+        self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)
+
+    def _append(self, records: list[Record], adds: bool = False) -> int:
+        """Append to the journal; the index changes only after (so a refused append leaves both as they were)."""
+        try:
+            return self._journal.append(records, adds)
+        except OSError:
+            raise  # the journal cut back what it wrote: it, and so the index, are as they were
+        except BaseException:
+            self._reload()  # interrupted mid-way: what is in the journal is the truth
+            raise
+
+    def _evict_over_limit(self, keep: bytes, room: int = 0) -> list[Entry]:
+        """Least recently used entries out until the files, the journal (its dead bytes included) and the index
+        checkpoint fit, with ``room`` bytes to spare."""
+        index, journal = self._index, self._journal
+        records = journal.offset - index.inline_total  # the journal less its live values: records and dead bytes
+        if index.total + records + room + checkpoint.room_bound(records) <= self.disk_limit:
+            return []  # far enough below the limit that the checkpoint's actual size does not matter
+        self._settle_reads()
+        victims = index.evict_to(max(0, self.disk_limit - records - journal.checkpoint_room() - room), keep)
+        if victims:
+            keys = [key for key, _ in victims]
+            for counts in (self._counts, *self._key_counts):
+                counts.evicted(keys)
+            for key in keys:
+                self._ram.drop(key)
+            try:
+                self._append([Record(OP_DEL, key) for key, _ in victims])
+            except OSError:
+                self._reload()  # the index dropped them already: back to what the journal says
+                raise
+        return [entry for _, entry in victims]
+
+    def _unlink(self, entries: list[Entry]) -> None:
+        datafiles.unlink(entries, self._data_fd)
+
+    def __setitem__(self, key: Key, value: Any) -> None:
+        self.set(key, value)
+
+    def delete(self, key: Key) -> bool:
+        """Remove ``key`` from both tiers; ``False`` if it was not there. Works on a full disk: a value with its
+        own file is unlinked first, which frees the room its record needs."""
+        self._check_open()
+        encoded = encode_key(key)
+        with self._lock, self._journal.locked():
+            self._catch_up()
+            entry = self._index.get(encoded)
+            if entry is None:
+                return False
+            try:
+                self._append(self._take_reads() + [Record(OP_DEL, encoded)])
+            except DiskFullError:
+                if entry.inline:
+                    raise
+                self._unlink([entry])  # readers meanwhile see a missing file: a miss, as after the delete
+                self._append([Record(OP_DEL, encoded)])
+            self._index.remove(encoded)
+            self._ram.drop(encoded)
+            self._unlink([entry])
+        return True
+
+    def __delitem__(self, key: Key) -> None:
+        if not self.delete(key):
+            raise MissingKeyError(key)
+
+    def clear(self) -> None:
+        """Remove every entry, from both tiers and the SSD. Needs no free space: the journal is cut back in place."""
+        self._check_open()
+        with self._lock, self._journal.locked():
+            self._catch_up()
+            self._take_reads()
+            gone = list(self._index.entries.values())
+            self._journal.empty()
+            self._catch_up()
+            self._ram.clear()
+            self._unlink(gone)
+
+    # -- keeping in step with the journal --
+
+    def _catch_up(self) -> None:
+        if not self._journal.changed():
+            return
+        records = self._journal.read_new()
+        if records:
+            self._settle_reads()  # this process's reads came before what others wrote since
+        reset = False
+        for record in records:
+            self._index.apply(record)
+            if record.op in (OP_CLEAR, OP_LOST):
+                self._ram.clear()
+                self._settled = 0  # the index was emptied: reads still pending apply again to what comes next
+            elif record.op == OP_RESET:
+                reset = True
+                self._settled = 0  # rebuilt from a journal that has not seen this process's pending reads
+            elif record.op in (OP_SET, OP_DEL):
+                held = self._ram.values.get(record.key)
+                if held is not None and (record.entry is None or record.entry.name != held.name):
+                    self._ram.drop(record.key)  # another process replaced or removed it
+        if reset:  # compacted: keep the RAM values whose entry survived unchanged
+            for key, held in list(self._ram.values.items()):
+                entry = self._index.get(key)
+                if entry is None or entry.name != held.name:
+                    self._ram.drop(key)
+        if self._journal.lost_tail:
+            self._append([Record(OP_CLEAR)])  # the journal was cut: every process must agree it is empty
+
+    def _reload(self) -> None:
+        """Under the journal lock: rebuild both tiers' view from the journal alone."""
+        self._journal.reopen()
+        self._journal.pending_touches = []
+        self._settled = 0
+        self._index.clear()
+        self._ram.clear()
+        self._catch_up()
+
+    def _compact_if_due(self, keep: bytes = b"", force: bool = False) -> None:
+        """Under the journal lock. Dead bytes (replaced or deleted inline values, old records) are dropped by
+        rewriting the journal once they outweigh the live inline values (so the journal is at most twice what it
+        must be, and compaction costs O(1) per byte written), or once the store is over its limit on disk. The
+        new journal is written beside the old one, so entries are evicted first to make room for it within the
+        limit."""
+        inline = self._index.inline_total
+        dead = self._journal.offset - inline
+        on_disk = self._index.total - inline + self._journal.offset
+        over_limit = on_disk > self.disk_limit and dead > self.disk_limit // 10
+        if dead <= max(inline, COMPACT_MIN_BYTES) and not over_limit and not self._journal.damaged and not force:
+            return
+        keys = sum(len(key) for key in self._index.entries)
+        if shutil.disk_usage(self.folder).free < inline + keys + 64 * (len(self._index.entries) + 1024):
+            return  # no room for the rewrite now; the journal stays valid and a later write tries again
+        self._unlink(self._evict_over_limit(keep, room=inline + keys + 64 * len(self._index.entries) + 64))
+        self._settle_reads()  # the new journal is written in recency order
+        try:
+            self._journal.replace(list(self._index.entries.items()))
+        except OSError:
+            return  # the same, had the disk filled up meanwhile
+        self._catch_up()
+        datafiles.sweep_orphans({entry.name for entry in self._index.entries.values()}, self._data_fd)
+
+    def flush(self) -> None:
+        """Write remembered reads to the journal now (otherwise done with the next write or at exit)."""
+        self._check_open()
+        with self._lock:
+            if self._journal.pending_touches:
+                with self._journal.locked():
+                    self._catch_up()
+                    try:
+                        self._journal.append(self._take_reads())
+                    except OSError:
+                        pass  # a full disk: recency is a hint, and a read must not fail for it
+
+    def close(self) -> None:
+        """Write remembered reads and close the files; any later use raises ``StoreClosedError``. Twice is fine."""
+        self._machine.components.unregister(self)
+        with self._lock:
+            self._closed = True
+            self._settle_reads()
+            if self._closer.detach() is not None:
+                close_files(self._journal, (self._data_fd, self._dir_fd), True,
+                            (self._seal.store_key, self._index.snapshot))
+
+    def __enter__(self) -> Store:  # noqa: PYI034 - typing.Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- pressure --
+
+    def on_level(self, level: Level) -> None:
+        """``high`` halves the RAM tier, ``critical`` empties it, back at ``ok`` it may grow to what was asked."""
+        with self._lock:
+            self._ram.limit = ram_tier_limit(self.ram_asked, level)
+            self._ram.shrink_to(self._ram.limit)
+
+    def relieve(self) -> None:
+        """Give the RAM tier back now; every value stays on the SSD."""
+        with self._lock:
+            self._ram.clear()
+
+    # -- reports --
+
+    def stats(self) -> CacheStats:
+        """Hits, misses and evictions of this handle, in this process (``CacheStats``)."""
+        return self._counts.snapshot()
+
+    def count_keys(self, counts: Counts) -> None:
+        """Count evictions of the keys starting with ``counts.prefix`` in ``counts`` too (as long as it lives)."""
+        self._key_counts.add(counts)
+
+    @property
+    def ram_bytes(self) -> int:
+        return self._ram.total
+
+    @property
+    def disk_bytes(self) -> int:
+        self._check_open()
+        with self._lock:
+            self._catch_up()
+            return self._index.total
+
+    def __str__(self) -> str:
+        if self._closed:
+            return f"<store {self.label}: closed>"
+        with self._lock:
+            self._catch_up()
+            return (f"<store {self.label}: {len(self._ram.values)} in RAM ({fmt_size(self._ram.total)}), "
+                    f"{len(self._index)} on SSD ({fmt_size(self._index.total)})>")
+
+    __repr__ = __str__

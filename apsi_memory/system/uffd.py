@@ -1,0 +1,181 @@
+"""Write-protecting a range of our own anonymous memory while it moves (Linux's userfaultfd, write-protect mode), and
+the few C calls of a move made without ever letting go of the GIL.
+
+Why the GIL matters
+-------------------
+A thread that writes to a protected page waits in the kernel until it is woken. A Python thread that writes while
+holding the GIL (``x[i] = v``) would then wait holding it, and a move that needed the GIL again before waking it
+would never finish. So the steps from protecting a range to waking its writers — protect, copy to the file, map the
+file over the range, wake — run as one chain of C calls made from C (``map`` over ``functools.partial`` objects of
+functions loaded with ``ctypes.PyDLL``, which keep the GIL): no Python bytecode runs in between, so no other Python
+thread can take the GIL and fault. Threads that released the GIL (NumPy's large copies) fault, wait, and continue
+on the file mapping once woken.
+
+``available()`` says why write protection cannot be had here (not Linux, a kernel before 6.4 without write
+protection of pages never touched, a seccomp filter or sysctl refusing ``userfaultfd``), or ``None``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import mmap
+import operator
+import os
+import platform
+import sys
+from typing import Any
+
+from ..errors import SystemCallError
+
+_SYSCALL = {"x86_64": 323, "aarch64": 282}.get(platform.machine())
+_USER_MODE_ONLY = 1  # UFFD_USER_MODE_ONLY: kernel-mode faults are not ours (allowed without privilege)
+_API = 0xAA
+_FEATURE_WP = 1 << 0  # UFFD_FEATURE_PAGEFAULT_FLAG_WP
+_FEATURE_WP_UNPOPULATED = 1 << 13  # pages never touched are protected too (Linux 6.4)
+_REGISTER_MODE_WP = 2
+_WRITEPROTECT_MODE_WP = 1
+# _IOWR/_IOR(0xAA, nr, struct): the sizes are those of uffdio_api (24), uffdio_register (32), uffdio_range (16),
+# uffdio_writeprotect (24)
+_UFFDIO_API, _UFFDIO_REGISTER, _UFFDIO_WAKE, _UFFDIO_WRITEPROTECT = 0xC018AA3F, 0xC020AA00, 0x8010AA02, 0xC018AA06
+_MAP_FIXED = 0x10
+
+
+class _Range(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Api(ctypes.Structure):
+    _fields_ = [("api", ctypes.c_uint64), ("features", ctypes.c_uint64), ("ioctls", ctypes.c_uint64)]
+
+
+class _Register(ctypes.Structure):
+    _fields_ = [("range", _Range), ("mode", ctypes.c_uint64), ("ioctls", ctypes.c_uint64)]
+
+
+class _Protect(ctypes.Structure):
+    _fields_ = [("range", _Range), ("mode", ctypes.c_uint64)]
+
+
+@functools.cache
+def _calls() -> dict[str, Any] | None:
+    """``ioctl``, ``pwrite``, ``mmap`` and ``syscall`` of the C library, called with the GIL held."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        library = ctypes.PyDLL(None, use_errno=True)
+    except OSError:
+        return None
+    prototypes = {"ioctl": (ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p),
+                  "pwrite": (ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64),
+                  "mmap": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                           ctypes.c_int, ctypes.c_int64),
+                  "syscall": (ctypes.c_long,)}
+    calls = {}
+    for name, (restype, *argtypes) in prototypes.items():
+        function = library[name]
+        function.restype = restype
+        if argtypes:
+            function.argtypes = argtypes
+        calls[name] = function
+    return calls
+
+
+def _open(user_mode_only: bool) -> int:
+    """A new userfaultfd descriptor with write protection enabled, or ``-errno``."""
+    calls = _calls()
+    if calls is None or _SYSCALL is None:
+        return -errno.ENOSYS
+    flags = os.O_CLOEXEC | os.O_NONBLOCK | (_USER_MODE_ONLY if user_mode_only else 0)
+    fd = int(calls["syscall"](ctypes.c_long(_SYSCALL), ctypes.c_long(flags)))
+    if fd < 0:
+        return -ctypes.get_errno()
+    api = _Api(_API, _FEATURE_WP | _FEATURE_WP_UNPOPULATED, 0)
+    if calls["ioctl"](fd, _UFFDIO_API, ctypes.byref(api)) != 0:
+        code = ctypes.get_errno()
+        os.close(fd)
+        return -code
+    return fd
+
+
+def _new() -> tuple[int, str | None]:
+    """A descriptor, or -1 and why not. Kernel-mode faults too where we may (a ``read()`` into the array waits like
+    a store does); else user-mode only, where such a ``read()`` fails with EFAULT during the move."""
+    fd = _open(user_mode_only=False)
+    if fd < 0:
+        fd = _open(user_mode_only=True)
+    if fd < 0:
+        return -1, f"userfaultfd write protection is not available here ({os.strerror(-fd)})"
+    return fd, None
+
+
+@functools.cache
+def available() -> str | None:
+    """``None`` where write protection works; else why not (asked once per process)."""
+    fd, why = _new()
+    if fd >= 0:
+        os.close(fd)
+    return why
+
+
+def _check(result: int, what: str, length: int, address: int) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise SystemCallError(code, f"could not {what} {length} bytes at {address:#x}: {os.strerror(code)}")
+
+
+def _page_up(n: int) -> int:
+    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+class Guard:
+    """A registered range of anonymous memory (``address`` page-aligned) whose pieces move one call at a time."""
+
+    def __init__(self, address: int, length: int) -> None:
+        fd, why = _new()
+        if fd < 0:
+            raise SystemCallError(errno.ENOSYS, why or "userfaultfd")
+        self.fd = fd
+        calls = _calls()
+        assert calls is not None
+        self._calls = calls
+        register = _Register(_Range(address, _page_up(length)), _REGISTER_MODE_WP, 0)
+        try:
+            _check(calls["ioctl"](fd, _UFFDIO_REGISTER, ctypes.byref(register)), "register", length, address)
+        except OSError:
+            os.close(fd)
+            raise
+
+    def move(self, address: int, length: int, fd: int, offset: int) -> None:
+        """Protect ``[address, address + length)``, copy it to ``fd`` at ``offset``, map that part of the file over
+        it (shared, fixed) and wake the writers that waited: one chain of C calls with the GIL held throughout
+        (see the module docstring). Raises ``SystemCallError`` if the copy or the mapping failed; the writers are
+        woken either way."""
+        ioctl, pages = self._calls["ioctl"], _page_up(length)
+        protect, wake = _Protect(_Range(address, pages), _WRITEPROTECT_MODE_WP), _Range(address, pages)
+        flags = mmap.MAP_SHARED | _MAP_FIXED
+        chain = (functools.partial(ioctl, self.fd, _UFFDIO_WRITEPROTECT, ctypes.byref(protect)),
+                 functools.partial(self._calls["pwrite"], fd, address, length, offset),
+                 functools.partial(self._calls["mmap"], address, pages, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd,
+                                   offset),
+                 functools.partial(ioctl, self.fd, _UFFDIO_WAKE, ctypes.byref(wake)))
+        results = list(map(operator.methodcaller("__call__"), chain))  # from C: no bytecode between the calls
+        _check(results[0], "write-protect", length, address)
+        _check(0 if results[1] == length else -1, "copy", length, address)
+        _check(0 if results[2] == address else -1, "map the spill file over", length, address)
+
+    def close(self) -> None:
+        """Ends the protection: ranges still registered (none once every piece moved) become plain memory."""
+        os.close(self.fd)
+
+
+def copy_and_map(address: int, length: int, fd: int, offset: int) -> None:
+    """``Guard.move`` without protection: for a range no other thread can write to."""
+    calls = _calls()
+    if calls is None:
+        raise SystemCallError(errno.ENOSYS, "moving memory needs Linux")
+    _check(0 if calls["pwrite"](fd, address, length, offset) == length else -1, "copy", length, address)
+    flags = mmap.MAP_SHARED | _MAP_FIXED
+    result = calls["mmap"](address, _page_up(length), mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
+    _check(0 if result == address else -1, "map the spill file over", length, address)
