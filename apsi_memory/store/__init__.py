@@ -4,9 +4,11 @@ The package, by what each module knows: ``keys`` (keys <-> bytes, entry names), 
 format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``checkpoint`` (the index saved, so an
 open replays only the journal's tail), ``tiers`` (the RAM tier and the SSD tier's index, pure), ``codec`` (values
 <-> signed ``.npy`` or pickle bytes), ``signing`` (this user's key and the MACs), ``folders`` (where stores may
-live) and ``core`` (the ``Store`` class joining them); ``cached`` and ``hashing`` (``@memory.cached`` and its keys)
-build on the store. Imports go one way: keys <- records <- codec, checkpoint <- tiers, journal <- core <- this
-module <- cached. ``apsi_memory.store`` is callable as ``store()``.
+live), ``upkeep`` (one handle's index and RAM tier kept in step with the journal and within the disk limit:
+catching up, batched reads, eviction, the journal's rewrite) and ``core`` (the ``Store`` class joining them into a
+``MutableMapping``); ``cached`` and ``hashing`` (``@memory.cached`` and its keys) build on the store. Imports go
+one way: keys <- records <- codec, checkpoint <- tiers, journal <- upkeep <- core <- this module <- cached.
+``apsi_memory.store`` is callable as ``store()``.
 
 May import: decide, system, adapters, machinery.
 

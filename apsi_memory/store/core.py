@@ -1,14 +1,14 @@
-"""``Store``: the two tiers, the journal and the value files joined into one mapping (see the package docstring
-for the theory of operation)."""
+"""``Store``: the two tiers, the journal and the value files joined into one ``MutableMapping``: what each
+operation does (``upkeep`` keeps the handle's view in step with the journal and within its limit; see the package
+docstring for the theory of operation)."""
 from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, ItemsView, Iterator, MutableMapping, ValuesView
 from typing import Any
 
 from ..decide import Level, ram_tier_limit
@@ -18,7 +18,6 @@ from ..errors import (
     MissingKeyError,
     OldEntryWarning,
     SizeError,
-    StoreClosedError,
     TamperWarning,
     UnloadableWarning,
 )
@@ -26,18 +25,17 @@ from ..machinery.machines import machine
 from ..system.fileio import write_new
 from ..system.trust import open_folder
 from ..units import MiB, byte_count, fmt_size
-from . import checkpoint, datafiles, forks
+from . import datafiles, forks
 from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
 from .folders import allowed_folder, checked_arguments
 from .journal import _Journal, close_files, disk_full
 from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, OldKey, decode_key, encode_key, new_stem, shown_key
-from .records import OP_CLEAR, OP_DEL, OP_LOST, OP_RESET, OP_SET, Entry, Record
+from .records import OP_DEL, OP_SET, Entry, Record
 from .signing import user_key
 from .stats import CacheStats, Counts
 from .tiers import _Index, _RamTier
+from .upkeep import TOUCH_BATCH, _Upkeep
 
-# Reads are remembered in memory and written to the journal in batches (with the next write, or at this many).
-TOUCH_BATCH = 512
 # Values up to this size live inside the journal itself: one append instead of a new file per entry (creating a
 # file costs far more than appending to one). Bigger ones get a file of their own.
 INLINE_MAX_BYTES = 16 * 1024
@@ -50,11 +48,13 @@ COMPACT_MIN_BYTES = 4 * MiB
 _MISSING = object()
 
 
-class Store:
+class Store(_Upkeep, MutableMapping[Key, Any]):
     """A two-tier cache in ``folder``, a mapping from keys to values. Use ``memory.store(name_or_path, ram_mb=...,
     disk_gb=...)``. Keys are ``str``, ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys); values
     are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable. An array read back is writable and
-    the caller's own (``get``)."""
+    the caller's own (``get``). A ``collections.abc.MutableMapping``: ``update``, ``pop``, ``setdefault``,
+    ``keys()``, ``items()`` and the rest work as on a dict (``keys()``, ``in`` and ``len`` never read a value), but a
+    store equals only itself."""
 
     def __init__(self, folder: str | os.PathLike[str], label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
@@ -86,7 +86,7 @@ class Store:
         self._old_seen = False  # an entry signed the old way was met (warned once per handle)
         self._settled = 0  # how many of the journal's pending reads the index has applied (``_settle_reads``)
         self._counts = Counts()
-        self._key_counts: weakref.WeakSet[Counts] = weakref.WeakSet()  # a @cached function's, of its keys only
+        self._key_counts = weakref.WeakSet()  # a @cached function's, of its keys only
         self._index = _Index()
         self._ram = _RamTier(ram_tier_limit(ram_bytes, self._level()))
         self._closer = weakref.finalize(self, close_files, self._journal, (self._data_fd, self._dir_fd), False)
@@ -103,10 +103,6 @@ class Store:
         """A store is open files and locks of this process: another process opens it by name instead."""
         raise ArgumentTypeError(f"a store cannot be pickled or sent to another process: open it there by name with "
                                 f"memory.store({self.label!r}) (any number of processes may use one store at once)")
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"store {self.label} is closed; open it again with memory.store(...)")
 
     # -- reading --
 
@@ -165,30 +161,6 @@ class Store:
         self._ram.put(key, held)
         self._read(key)
         return datafiles.writable(held, self._data_fd) if writable and held.kind != KIND_PICKLE else value
-
-    def _read(self, key: bytes) -> None:
-        """Remember a read: its recency reaches the index and the journal in batches (``_settle_reads``)."""
-        reads = self._journal.pending_touches
-        reads.append(key)
-        if len(reads) >= TOUCH_BATCH:
-            self.flush()
-
-    def _settle_reads(self) -> None:
-        """Move the keys read since the last settling to the recent end of the index, in the order they were read:
-        before anything that depends on that order (iteration, eviction, compaction, a checkpoint, another
-        process's records)."""
-        reads = self._journal.pending_touches
-        if len(reads) > self._settled:
-            self._index.touch(reads[self._settled:])
-            self._settled = len(reads)
-
-    def _take_reads(self) -> list[Record]:
-        """The reads not yet in the journal, as a record to append (settled in the index first)."""
-        if not self._journal.pending_touches:
-            return []  # a store that is only written: nothing to settle or take
-        self._settle_reads()
-        self._settled = 0
-        return self._journal.take_touches()
 
     def _where(self, entry: Entry) -> str:
         return self._journal.path if entry.inline else os.path.join(self._data, entry.name)
@@ -269,9 +241,6 @@ class Store:
             if entry is not None:
                 self._forget(encoded, entry)
 
-    def keys(self) -> list[Key]:
-        return list(self)
-
     # -- writing --
 
     def set(self, key: Key, value: Any) -> None:
@@ -333,41 +302,6 @@ class Store:
             pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
         self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)
 
-    def _append(self, records: list[Record], adds: bool = False) -> int:
-        """Append to the journal; the index changes only after (so a refused append leaves both as they were)."""
-        try:
-            return self._journal.append(records, adds)
-        except OSError:
-            raise  # the journal cut back what it wrote: it, and so the index, are as they were
-        except BaseException:
-            self._reload()  # interrupted mid-way: what is in the journal is the truth
-            raise
-
-    def _evict_over_limit(self, keep: bytes, room: int = 0) -> list[Entry]:
-        """Least recently used entries out until the files, the journal (its dead bytes included) and the index
-        checkpoint fit, with ``room`` bytes to spare."""
-        index, journal = self._index, self._journal
-        records = journal.offset - index.inline_total  # the journal less its live values: records and dead bytes
-        if index.total + records + room + checkpoint.room_bound(records) <= self.disk_limit:
-            return []  # far enough below the limit that the checkpoint's actual size does not matter
-        self._settle_reads()
-        victims = index.evict_to(max(0, self.disk_limit - records - journal.checkpoint_room() - room), keep)
-        if victims:
-            keys = [key for key, _ in victims]
-            for counts in (self._counts, *self._key_counts):
-                counts.evicted(keys)
-            for key in keys:
-                self._ram.drop(key)
-            try:
-                self._append([Record(OP_DEL, key) for key, _ in victims])
-            except OSError:
-                self._reload()  # the index dropped them already: back to what the journal says
-                raise
-        return [entry for _, entry in victims]
-
-    def _unlink(self, entries: list[Entry]) -> None:
-        datafiles.unlink(entries, self._data_fd)
-
     def __setitem__(self, key: Key, value: Any) -> None:
         self.set(key, value)
 
@@ -409,79 +343,58 @@ class Store:
             self._ram.clear()
             self._unlink(gone)
 
-    # -- keeping in step with the journal --
+    # -- the rest of the mapping (``MutableMapping`` supplies keys, update, setdefault) --
 
-    def _catch_up(self) -> None:
-        if not self._journal.changed():
-            return
-        records = self._journal.read_new()
-        if records:
-            self._settle_reads()  # this process's reads came before what others wrote since
-        reset = False
-        for record in records:
-            self._index.apply(record)
-            if record.op in (OP_CLEAR, OP_LOST):
-                self._ram.clear()
-                self._settled = 0  # the index was emptied: reads still pending apply again to what comes next
-            elif record.op == OP_RESET:
-                reset = True
-                self._settled = 0  # rebuilt from a journal that has not seen this process's pending reads
-            elif record.op in (OP_SET, OP_DEL):
-                held = self._ram.values.get(record.key)
-                if held is not None and (record.entry is None or record.entry.name != held.name):
-                    self._ram.drop(record.key)  # another process replaced or removed it
-        if reset:  # compacted: keep the RAM values whose entry survived unchanged
-            for key, held in list(self._ram.values.items()):
-                entry = self._index.get(key)
-                if entry is None or entry.name != held.name:
-                    self._ram.drop(key)
-        if self._journal.lost_tail:
-            self._append([Record(OP_CLEAR)])  # the journal was cut: every process must agree it is empty
+    # Equal only to itself and hashed by identity: Mapping's ``__eq__`` would read (and unpickle) every value of
+    # both stores, and its ``__hash__ = None`` would keep stores out of the weak sets that track them.
+    def __eq__(self, other: object) -> bool:
+        return self is other
 
-    def _reload(self) -> None:
-        """Under the journal lock: rebuild both tiers' view from the journal alone."""
-        self._journal.reopen()
-        self._journal.pending_touches = []
-        self._settled = 0
-        self._index.clear()
-        self._ram.clear()
-        self._catch_up()
+    __hash__ = object.__hash__
+
+    def items(self) -> ItemsView[Key, Any]:
+        """Pairs in the store's order, each value read as ``store[key]`` would read it."""
+        return _Items(self)
+
+    def values(self) -> ValuesView[Any]:
+        """Values in the store's order, each read as ``store[key]`` would read it."""
+        return _Values(self)
+
+    def pop(self, key: Key, default: Any = _MISSING) -> Any:
+        """Remove ``key`` and return its value; ``default`` if it is not there, else ``MissingKeyError``."""
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise MissingKeyError(key)
+            return default
+        self.delete(key)  # ``False`` if another process removed it meanwhile: it was there when read
+        return value
+
+    def popitem(self) -> tuple[Key, Any]:
+        """Remove and return the least recently used entry; ``MissingKeyError`` if the store is empty."""
+        for key in self:
+            value = self.get(key, _MISSING)
+            if value is not _MISSING:  # not removed by another process since the keys were listed
+                self.delete(key)
+                return key, value
+        raise MissingKeyError("popitem(): the store is empty")
+
+    # -- compaction (when; ``upkeep`` rewrites) --
 
     def _compact_if_due(self, keep: bytes = b"", force: bool = False) -> None:
         """Under the journal lock. Dead bytes (replaced or deleted inline values, old records) are dropped by
         rewriting the journal once they outweigh the live inline values (so the journal is at most twice what it
-        must be, and compaction costs O(1) per byte written), or once the store is over its limit on disk. The
-        new journal is written beside the old one, so entries are evicted first to make room for it within the
-        limit."""
+        must be, and compaction costs O(1) per byte written), or once the store is over its limit on disk (the
+        rewrite: ``upkeep``)."""
         inline = self._index.inline_total
         dead = self._journal.offset - inline
         on_disk = self._index.total - inline + self._journal.offset
         over_limit = on_disk > self.disk_limit and dead > self.disk_limit // 10
         if dead <= max(inline, COMPACT_MIN_BYTES) and not over_limit and not self._journal.damaged and not force:
             return
-        keys = sum(len(key) for key in self._index.entries)
-        if shutil.disk_usage(self.folder).free < inline + keys + 64 * (len(self._index.entries) + 1024):
-            return  # no room for the rewrite now; the journal stays valid and a later write tries again
-        self._unlink(self._evict_over_limit(keep, room=inline + keys + 64 * len(self._index.entries) + 64))
-        self._settle_reads()  # the new journal is written in recency order
-        try:
-            self._journal.replace(list(self._index.entries.items()))
-        except OSError:
-            return  # the same, had the disk filled up meanwhile
-        self._catch_up()
-        datafiles.sweep_orphans({entry.name for entry in self._index.entries.values()}, self._data_fd)
+        self._rewrite_journal(keep)
 
-    def flush(self) -> None:
-        """Write remembered reads to the journal now (otherwise done with the next write or at exit)."""
-        self._check_open()
-        with self._lock:
-            if self._journal.pending_touches:
-                with self._journal.locked():
-                    self._catch_up()
-                    try:
-                        self._journal.append(self._take_reads())
-                    except OSError:
-                        pass  # a full disk: recency is a hint, and a read must not fail for it
+    # -- closing --
 
     def close(self) -> None:
         """Write remembered reads and close the files; any later use raises ``StoreClosedError``. Twice is fine."""
@@ -542,3 +455,27 @@ class Store:
                     f"{len(self._index)} on SSD ({fmt_size(self._index.total)})>")
 
     __repr__ = __str__
+
+
+# -- its views: the keys listed once, a key removed (by another process, say) before its value is read skipped --
+
+class _Items(ItemsView[Key, Any]):
+    __slots__ = ()
+    _mapping: Store  # set by MappingView's __init__
+
+    def __iter__(self) -> Iterator[tuple[Key, Any]]:
+        for key in self._mapping:
+            value = self._mapping.get(key, _MISSING)
+            if value is not _MISSING:
+                yield key, value
+
+
+class _Values(ValuesView[Any]):
+    __slots__ = ()
+    _mapping: Store  # set by MappingView's __init__
+
+    def __iter__(self) -> Iterator[Any]:
+        for key in self._mapping:
+            value = self._mapping.get(key, _MISSING)
+            if value is not _MISSING:
+                yield value

@@ -21,21 +21,22 @@ with its ordinary ``import``. What they model, because the library's behaviour d
 * CUDA contexts: a framework creates one on a device the first time it allocates or asks the driver for free
   memory there (``context_bytes`` each, counted as used); NVML never does.
 
-Modules: ``base`` (device, caching pool, tensor), ``machine`` (``FakeGpuMachine``, the driver files, installing
-the fakes), one per framework: ``fake_torch``, ``fake_cupy``, ``fake_nvml``; and ``XlaRuntimeError``, the one piece
-of JAX the tests raise.
+Modules, each importing only those before it: ``base`` (device, the machine's devices and what this process holds
+on them — ``GpuDevices`` —, caching pool, tensor), one per framework over ``base``: ``fake_torch``, ``fake_cupy``,
+``fake_nvml``; and on top ``machine`` (``FakeGpuMachine``, a ``GpuDevices`` that is made by ``of``, writes the
+driver files and installs the fakes). Here too ``XlaRuntimeError``, the one piece of JAX the tests raise.
 """
 
 from __future__ import annotations
 
-from sim.gpu.base import Block, CachingPool, FakeGpu, FakeTensor, GiB, MiB
+from sim.gpu.base import Block, CachingPool, FakeGpu, FakeTensor, GiB, GpuDevices, MiB
 from sim.gpu.fake_cupy import CupyOutOfMemoryError
 from sim.gpu.fake_nvml import NVMLError
 from sim.gpu.fake_torch import TorchOutOfMemoryError
 from sim.gpu.machine import FakeGpuMachine
 
-__all__ = ["Block", "CachingPool", "CupyOutOfMemoryError", "FakeGpu", "FakeGpuMachine", "FakeTensor", "GiB", "MiB",
-           "NVMLError", "TorchOutOfMemoryError", "XlaRuntimeError"]
+__all__ = ["Block", "CachingPool", "CupyOutOfMemoryError", "FakeGpu", "FakeGpuMachine", "FakeTensor", "GiB",
+           "GpuDevices", "MiB", "NVMLError", "TorchOutOfMemoryError", "XlaRuntimeError"]
 
 
 class XlaRuntimeError(RuntimeError):

@@ -1,14 +1,13 @@
-"""What every fake framework shares: the physical device (``FakeGpu``), a framework's caching allocator on it
-(``CachingPool``, handing out ``Block``s), the tensors they back, and byte counts by dtype (see ``sim.gpu``)."""
+"""What every fake framework shares: the physical device (``FakeGpu``), the machine's devices and what this process
+holds on them (``GpuDevices``: ``take``/``give``, contexts, ``CUDA_VISIBLE_DEVICES``), a framework's caching allocator
+on a device (``CachingPool``, handing out ``Block``s), the tensors they back, and byte counts by dtype (see
+``sim.gpu``). The lowest module of ``sim.gpu``: it imports none of the others."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sim.gpu.machine import FakeGpuMachine
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -32,6 +31,53 @@ class FakeGpu:
         return self.used_by_others + self.taken + self.contexts * context_bytes
 
 
+@dataclass
+class GpuDevices:
+    """The physical devices plus what this process holds on them. ``context_bytes`` is each CUDA context's cost.
+    What the fake frameworks and their pools work on; ``sim.gpu.machine.FakeGpuMachine`` adds making a machine,
+    the driver's files and installing the fakes."""
+
+    gpus: list[FakeGpu]
+    context_bytes: int = 0
+    driver_loaded: bool = True
+
+    def free(self, physical: int) -> int:
+        gpu = self.gpus[physical]
+        return gpu.total_bytes - gpu.used(self.context_bytes)
+
+    def take(self, physical: int, size: int) -> bool:
+        if size > self.free(physical):
+            return False
+        self.gpus[physical].taken += size
+        return True
+
+    def give(self, physical: int, size: int) -> None:
+        self.gpus[physical].taken -= size
+
+    def open_context(self, physical: int) -> None:
+        if not self.gpus[physical].contexts:
+            self.gpus[physical].contexts = 1
+
+    def contexts(self) -> int:
+        return sum(gpu.contexts for gpu in self.gpus)
+
+    def visible(self) -> list[int]:
+        """Physical indices in CUDA's order under ``CUDA_VISIBLE_DEVICES``. Written independently of
+        ``apsi_memory.devices`` on purpose: it is the oracle the library's own mapping is checked against."""
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if spec is None:
+            return list(range(len(self.gpus)))
+        chosen: list[int] = []
+        for entry in (e.strip() for e in spec.split(",")):
+            matches = [i for i, gpu in enumerate(self.gpus)
+                       if (entry.isdigit() and int(entry) == i)
+                       or (entry.startswith("GPU-") and len(entry) > 4 and gpu.uuid.startswith(entry))]
+            if len(matches) != 1 or matches[0] in chosen:
+                break
+            chosen.append(matches[0])
+        return chosen
+
+
 class Block:
     """Device memory handed out by a pool; returned to the pool's cache when no longer referenced."""
 
@@ -47,7 +93,7 @@ class Block:
 class CachingPool:
     """One framework's caching allocator on one device."""
 
-    machine: FakeGpuMachine
+    machine: GpuDevices
     physical: int
     allocated: int = 0
     cached: list[int] = field(default_factory=list)

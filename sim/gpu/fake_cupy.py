@@ -1,15 +1,13 @@
-"""A fake ``cupy`` (device memory, its pools, ``cupy.cuda.runtime``) over a ``FakeGpuMachine`` (see ``sim.gpu``)."""
+"""A fake ``cupy`` (device memory, its pools, ``cupy.cuda.runtime``) over a machine's ``GpuDevices`` (see
+``sim.gpu``)."""
 
 from __future__ import annotations
 
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from sim.gpu.base import CachingPool, FakeTensor, nbytes
-
-if TYPE_CHECKING:
-    from sim.gpu.machine import FakeGpuMachine
+from sim.gpu.base import CachingPool, FakeTensor, GpuDevices, nbytes
 
 
 class CupyOutOfMemoryError(MemoryError):
@@ -54,7 +52,7 @@ class FakePinnedPool:
 
 
 class FakeCupy:
-    def __init__(self, machine: FakeGpuMachine) -> None:
+    def __init__(self, machine: GpuDevices) -> None:
         self.machine = machine
         self.visible = machine.visible() if machine.driver_loaded else []
         self.current = 0

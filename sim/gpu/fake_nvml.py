@@ -1,15 +1,11 @@
-"""A fake NVML (nvidia-ml-py's ``pynvml``) over a ``FakeGpuMachine``: every physical device, whatever
+"""A fake NVML (nvidia-ml-py's ``pynvml``) over a machine's ``GpuDevices``: every physical device, whatever
 ``CUDA_VISIBLE_DEVICES`` says (see ``sim.gpu``)."""
 
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING
 
-from sim.gpu.base import FakeGpu
-
-if TYPE_CHECKING:
-    from sim.gpu.machine import FakeGpuMachine
+from sim.gpu.base import FakeGpu, GpuDevices
 
 
 class NVMLError(Exception):
@@ -17,7 +13,7 @@ class NVMLError(Exception):
 
 
 class FakeNvml:
-    def __init__(self, machine: FakeGpuMachine) -> None:
+    def __init__(self, machine: GpuDevices) -> None:
         self.machine = machine
         self.initialized = False
 

@@ -1,15 +1,11 @@
-"""A fake ``torch`` (its ``torch.cuda`` part) over a ``FakeGpuMachine`` (see ``sim.gpu``)."""
+"""A fake ``torch`` (its ``torch.cuda`` part) over a machine's ``GpuDevices`` (see ``sim.gpu``)."""
 
 from __future__ import annotations
 
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from sim.gpu.base import CachingPool, FakeTensor, fmt_gib, nbytes
-
-if TYPE_CHECKING:
-    from sim.gpu.machine import FakeGpuMachine
+from sim.gpu.base import CachingPool, FakeTensor, GpuDevices, fmt_gib, nbytes
 
 
 class TorchOutOfMemoryError(RuntimeError):
@@ -21,7 +17,7 @@ TorchOutOfMemoryError.__module__ = "torch"
 
 
 class FakeTorch:
-    def __init__(self, machine: FakeGpuMachine) -> None:
+    def __init__(self, machine: GpuDevices) -> None:
         self.machine = machine
         self.visible = machine.visible() if machine.driver_loaded else []
         self.pools: dict[int, CachingPool] = {}

@@ -1,5 +1,6 @@
-"""The fake GPU machine: the physical devices, what this process holds on them, the driver's files, and the fake
-framework modules it puts into ``sys.modules`` (see ``sim.gpu``)."""
+"""The fake GPU machine: the physical devices and what this process holds on them (``base.GpuDevices``), the
+driver's files, and the fake framework modules it puts into ``sys.modules`` (see ``sim.gpu``). The top module of
+``sim.gpu``: it assembles ``base`` and the three fake frameworks, none of which imports it."""
 
 from __future__ import annotations
 
@@ -14,42 +15,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.gpu.base import FakeGpu, GiB
+from sim.gpu.base import FakeGpu, GiB, GpuDevices
 from sim.gpu.fake_cupy import FakeCupy
 from sim.gpu.fake_nvml import FakeNvml
 from sim.gpu.fake_torch import FakeTorch
 
 
 @dataclass
-class FakeGpuMachine:
-    """The physical devices plus what this process holds on them. ``context_bytes`` is each CUDA context's cost."""
-
-    gpus: list[FakeGpu]
-    context_bytes: int = 0
-    driver_loaded: bool = True
+class FakeGpuMachine(GpuDevices):
+    """The physical devices plus what this process holds on them (``GpuDevices``, in ``base``, which the fake
+    frameworks work on). ``context_bytes`` is each CUDA context's cost. Adds making one, the driver's files and
+    installing the fake frameworks."""
 
     @classmethod
     def of(cls, *capacities_gb: float, name: str = "NVIDIA Fake A100", context_bytes: int = 0) -> FakeGpuMachine:
         devices = [FakeGpu(name, int(gb * GiB), f"GPU-{i:08x}-0000-4000-8000-{i:012x}")
                    for i, gb in enumerate(capacities_gb)]
         return cls(devices, context_bytes)
-
-    def free(self, physical: int) -> int:
-        gpu = self.gpus[physical]
-        return gpu.total_bytes - gpu.used(self.context_bytes)
-
-    def take(self, physical: int, size: int) -> bool:
-        if size > self.free(physical):
-            return False
-        self.gpus[physical].taken += size
-        return True
-
-    def give(self, physical: int, size: int) -> None:
-        self.gpus[physical].taken -= size
-
-    def open_context(self, physical: int) -> None:
-        if not self.gpus[physical].contexts:
-            self.gpus[physical].contexts = 1
 
     def write_driver_files(self, root: str | os.PathLike[str]) -> None:
         """What a loaded NVIDIA driver shows under ``root`` (a ``sim.tree`` root): the control device node and
@@ -61,25 +43,6 @@ class FakeGpuMachine:
             folder = base / "proc" / "driver" / "nvidia" / "gpus" / f"0000:{i + 1:02x}:00.0"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "information").write_text(f"Model: \t\t {gpu.name}\nGPU UUID: \t {gpu.uuid}\n")
-
-    def contexts(self) -> int:
-        return sum(gpu.contexts for gpu in self.gpus)
-
-    def visible(self) -> list[int]:
-        """Physical indices in CUDA's order under ``CUDA_VISIBLE_DEVICES``. Written independently of
-        ``apsi_memory.devices`` on purpose: it is the oracle the library's own mapping is checked against."""
-        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if spec is None:
-            return list(range(len(self.gpus)))
-        chosen: list[int] = []
-        for entry in (e.strip() for e in spec.split(",")):
-            matches = [i for i, gpu in enumerate(self.gpus)
-                       if (entry.isdigit() and int(entry) == i)
-                       or (entry.startswith("GPU-") and len(entry) > 4 and gpu.uuid.startswith(entry))]
-            if len(matches) != 1 or matches[0] in chosen:
-                break
-            chosen.append(matches[0])
-        return chosen
 
     @contextlib.contextmanager
     def installed(self, *names: str, imported: bool = True) -> Iterator[dict[str, types.ModuleType]]:
