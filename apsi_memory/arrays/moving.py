@@ -11,7 +11,7 @@ MAP_FIXED``, which hands the RAM back), its pages are written back and dropped f
 object, its address, every view and every byte stay; from then on it is an SSD array (``on_disk`` true,
 ``report()`` says ``SSD … — moved at pressure high``, ``free`` deletes the file).
 
-Writers never lose a write: while a piece moves it is write-protected (``_uffd``), so a thread that writes to it
+Writers never lose a write: while a piece moves it is write-protected (``system.uffd``), so a thread that writes to it
 waits in the kernel and continues on the file once it is mapped. Where write protection is not available, an
 array moves only when this is the only Python thread (no other thread can write); otherwise it stays, and
 ``report()`` says why.

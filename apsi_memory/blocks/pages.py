@@ -7,8 +7,8 @@ A file-backed array (a ``.npy`` path, an ``np.memmap``, a ``memory.array`` on th
 a shared mapping of a file, which file, and at which offset. Nothing here relies on how NumPy or
 ``memory.array`` built the mapping.
 
-For such a region, ``Pages`` does this per block (the decisions are ``blocks``'s pure rules, the calls
-``_libc``'s):
+For such a region, ``Pages`` does this per block (the decisions are ``rules``'s pure rules, the calls
+``system.libc``'s):
 
 * before a block is read: ``mincore`` (or one ``cachestat`` count) records which of its pages were already in the
   page cache (well ahead, as the kernel's own read-ahead runs ahead of us), then a background thread reads the

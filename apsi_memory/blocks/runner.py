@@ -1,5 +1,5 @@
 """Running row blocks in row order, and checking what each block returned: shared by ``map``'s threads
-(``mapping``) and its dask engine (``dask.blocks``), which differ only in how a block reaches a worker.
+(``mapping``) and its dask engine (``dask.tasks``), which differ only in how a block reaches a worker.
 
 * ``run_in_order`` hands out blocks in row order, at most ``in_flight`` at once, over any futures (threads or a
   cluster's) and stops at the first failing block in row order (``Stop``), whichever finished first.

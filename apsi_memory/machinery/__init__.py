@@ -1,4 +1,4 @@
-"""The ``Machine``: what the library reads from and keeps about the machine it runs on. ``machine`` holds the
+"""The ``Machine``: what the library reads from and keeps about the machine it runs on. ``machines`` holds the
 ``Machine`` class, ``machine()`` (the process's, or the one ``with m.use():`` chose for this thread or task) and
 the module-level readings (``memory.limits()``, ``budget()``, ``pressure()``, ``current_level()``, ``cores()``,
 ``siblings()``); ``reading`` takes one reading of the kernel's files and gives ``Limits``, ``Pressure``,
