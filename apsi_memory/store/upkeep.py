@@ -3,6 +3,7 @@ replaying the records other processes appended (``_catch_up``) or the whole jour
 this process's reads into the journal, appending so that the index changes only after, evicting the least
 recently used entries and rewriting the journal without its dead bytes. ``core`` decides when; this module knows
 how (the state it works on is made by ``Store.__init__``)."""
+
 from __future__ import annotations
 
 import shutil
