@@ -153,7 +153,7 @@ class Machine:
     # -- the budget ------------------------------------------------------------------------------------------------
 
     def budget(self, gb: float | str | None = None) -> Budget:
-        """Read the budget, or set it (see ``api.budget``)."""
+        """Read the budget, or set it (see ``budget`` below)."""
         if isinstance(gb, str) and gb.strip().lower() == "auto":
             self.budget_set = None
         elif gb is not None:
@@ -188,7 +188,7 @@ def _publish_held(siblings: Siblings, held: int) -> None:
 
 def _warn_above_usable(budget_bytes: int, usable: int) -> None:
     # A warning, not a log line: it is a mistake in the caller's code, shown at the caller's line (of
-    # ``memory.budget``: this, Machine.budget, api.budget, the caller), once per line under Python's default
+    # ``memory.budget``: this, Machine.budget, the module-level budget, the caller), once per line under Python's default
     # filter, and tests or -W error can turn it into an error.
     warnings.warn(BudgetWarning(f"budget {fmt_size(budget_bytes)} is more than the {fmt_size(usable)} usable here; "
                                 "arrays are still placed by what is free"), stacklevel=4)
