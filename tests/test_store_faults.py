@@ -539,3 +539,73 @@ def test_each_runs_every_item_and_raises_the_first_failure_after():
     with pytest.raises(OSError, match="bad 1"):
         each(range(5), action)
     assert seen == [0, 1, 2, 3, 4]
+
+
+# -- issue 26 item 9: a data file truncated under a mapped array -----------------------------------------------------
+
+TRUNCATED_SCRIPT = textwrap.dedent("""
+    import os, sys, warnings
+    import numpy as np
+    from apsi_memory.decide import Level
+    from apsi_memory.errors import TamperWarning
+    from apsi_memory.store import Store, encode_key, resolve_folder
+    from apsi_memory.units import GiB, MiB
+
+    # A fixed level: the RAM tier keeps its mapped arrays whatever the host's pressure.
+    s = Store(resolve_folder("t"), "t", 64 * MiB, GiB, level=lambda: Level.OK)
+    big = np.arange(100_000.0)  # 800 KB: a memory-mapped file, kept mapped by the RAM tier
+    for key in ("empty", "half", "readonly", "kept"):
+        s.set(key, big + len(key))
+    s.set("small", {"a": 1})
+    assert all(encode_key(k) in s._ram.values for k in ("empty", "half", "readonly")), "not mapped in RAM"
+    paths = {k: os.path.join(s.folder, "data", s._index.entries[encode_key(k)].name) for k in ("empty", "half",
+                                                                                                 "readonly")}
+    cut = {"empty": 0, "half": os.path.getsize(paths["half"]) // 2, "readonly": 4096}
+    for key, size in cut.items():
+        os.truncate(paths[key], size)  # the same inode, as another process of this user could
+    warned = 0
+    for key in cut:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            value = s.get(key, "miss", writable=key != "readonly")
+            if not isinstance(value, str):
+                value.sum()  # every page read: a mapping past the file's end would raise SIGBUS here
+        assert isinstance(value, str), f"{key}: a value from a truncated file"
+        assert any(issubclass(w.category, TamperWarning) and "bytes, expected" in str(w.message)
+                   for w in seen), [str(w.message) for w in seen]
+        warned += 1
+        assert key not in s and not os.path.exists(paths[key]), f"{key}: not removed"
+    assert (s.get("kept") == big + 4).all() and s.get("small") == {"a": 1}
+    fresh = Store(resolve_folder("t"), "t", 0, GiB, level=lambda: Level.OK)
+    assert sorted(fresh) == ["kept", "small"], sorted(fresh)
+    print(f"truncated files {len(cut)}, misses with a warning {warned}, kept intact 2")
+""")
+
+
+def run_script(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent, env=dict(os.environ), check=False)
+
+
+def test_a_data_file_truncated_under_a_mapped_array_is_a_warned_miss_not_a_sigbus():
+    """Before the fix the next ``get`` of a RAM-tier array whose file was cut short read the mapping past the file's
+    end: SIGBUS killed the process. Run in a child, so a SIGBUS kills only it."""
+    done = run_script(TRUNCATED_SCRIPT)
+    print("\n" + done.stdout.strip())
+    assert done.returncode == 0, f"exit {done.returncode} (-7 is SIGBUS): {done.stderr[-2000:]}"
+    assert "misses with a warning 3" in done.stdout
+
+
+def test_control_a_plain_memmap_of_a_truncated_file_dies_of_sigbus(tmp_path):
+    """The harness sees a SIGBUS: the same truncation under an unprotected ``np.memmap`` kills the child."""
+    script = textwrap.dedent(f"""
+        import os
+        import numpy as np
+        path = {str(tmp_path / "a.npy")!r}
+        np.save(path, np.arange(100_000.0))
+        a = np.load(path, mmap_mode="r")
+        os.truncate(path, 0)
+        print(a.sum())
+    """)
+    done = run_script(script)
+    assert done.returncode == -signal.SIGBUS, (done.returncode, done.stderr[-2000:])

@@ -120,6 +120,9 @@ class Store(_Upkeep, MutableMapping[Key, Any]):
                 self._catch_up()
             values = self._ram.values
             held = values.get(encoded)
+            if held is not None and not datafiles.covered(held):
+                self._ram.drop(encoded)  # its file was cut short under its mapping: read again, it is damage
+                held = None
             if held is None:
                 return self._get_from_disk(encoded, default, writable)
             values.move_to_end(encoded)

@@ -4,6 +4,7 @@ operation relative to the folder's descriptor (``data_fd``) and never through a 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -43,6 +44,19 @@ def _open(name: str, data_fd: int) -> int:
         if err.errno == errno.ELOOP:
             raise _Tampered("a symbolic link in place of the file") from err
         raise
+
+
+def covered(held: _Held) -> bool:
+    """Whether the file under ``held``'s mapping (if it is one) still covers all of it. One cut short under it (the
+    same inode truncated, by another process say) would make reading the mapping past the file's end a SIGBUS
+    that kills the process, so every ``get`` checks first: an ``fstat`` of the descriptor the mapping keeps."""
+    mapping = held.value.base if held.file is not None else None
+    if not isinstance(mapping, mmap.mmap):
+        return True
+    try:
+        return mapping.size() >= len(mapping)
+    except (OSError, ValueError):  # closed or unreadable: not known to be safe
+        return False
 
 
 def writable(held: _Held, data_fd: int) -> np.ndarray:
