@@ -647,3 +647,101 @@ def test_the_core_never_imports_dask_and_says_how_to_get_it() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "pip install 'apsi-memory[dask]'" in done.stdout
+
+
+# -- issue 26 item 18: a cluster that lost its workers; item 17: a freed input ---------------------------------------
+
+LOST_WORKERS_SCRIPT = """
+import sys, time
+import dask
+import numpy as np
+from distributed import LocalCluster, get_worker
+import apsi_memory as memory
+
+when = sys.argv[1]
+dask.config.set({"apsi-memory.no-worker-timeout": 2})
+x = np.arange(40_000.0).reshape(-1, 4)
+
+def closes_its_worker_at_block_2(block):
+    if block[0, 0] == 4000.0:  # rows 1000:2000; blocks 3 to 10 are left with no worker
+        worker = get_worker()
+        worker.loop.add_callback(worker.close)
+    return block * 2
+
+with LocalCluster(n_workers=1, threads_per_worker=1, processes=when == "before", dashboard_address=":0") as cluster, \\
+        cluster.get_client() as client:
+    fn = lambda block: block * 2
+    if when == "before":
+        cluster.scale(0)
+        while client.nthreads():
+            time.sleep(0.05)
+    else:
+        fn = closes_its_worker_at_block_2
+    started = time.monotonic()
+    try:
+        memory.map(fn, x, rows=1000, engine=client)
+        print("finished")
+    except memory.BlockError as exc:
+        print(f"raised after {time.monotonic() - started:.1f} s: {exc}")
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_map_on_a_cluster_that_lost_its_workers_raises_within_the_timeout(when: str, tmp_path: Path) -> None:
+    """Before the fix ``map(engine=client)`` waited forever for a worker (it hung the dask tox env): the child is
+    killed at 60 s. Now it waits ``apsi-memory.no-worker-timeout`` seconds (2 here) for one, then raises."""
+    env = {**os.environ, "APSI_SPILL_DIR": str(tmp_path / "spill")}
+    try:
+        done = subprocess.run([sys.executable, "-c", LOST_WORKERS_SCRIPT, when], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=Path(__file__).parent.parent, env=env)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"map(engine=client) still waiting for a worker after 60 s: {exc.stdout!r}")
+    print("\n" + done.stdout.strip())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "raised after" in done.stdout and "no dask worker" in done.stdout, done.stdout
+    elapsed = float(done.stdout.split("raised after ")[1].split(" s")[0])
+    assert elapsed < 20, f"{elapsed} s: not bounded by the 2 s timeout"
+    assert not list((tmp_path / "spill").glob("*")), "the output's spill file was left behind"
+
+
+@pytest.fixture
+def in_process_client() -> Iterator[Any]:
+    """A one-worker cluster of threads in this process: a block's ``fn`` can free the caller's array."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as c, \
+            c.get_client() as cl:
+        yield cl
+
+
+TO_FREE: list[np.ndarray] = []  # the caller's array, freed by a block on a worker thread of this process
+
+
+def frees_its_input_at_block_3(block: np.ndarray) -> np.ndarray:
+    if block[0, 0] == 20_000.0:  # column 0 is the row number: rows 20000:30000
+        memory.free(TO_FREE[0])
+    return block * 2.0
+
+
+@pytest.mark.parametrize("where", ["ram", "ssd"])
+def test_map_on_a_cluster_of_an_array_freed_before_or_while_it_runs_raises(in_process_client: Any, where: str,
+                                                                           spill_dir: Path) -> None:
+    """Before the fix a freed input's zeros came back as the result (a spilled one: its deleted file was taken for
+    a RAM array and copied)."""
+    memory.budget(0 if where == "ssd" else "1GB")
+    try:
+        x = memory.array((100_000, 4))  # 3.2 MB: over the small-array size
+        x[:] = 1.0
+        memory.free(x)
+        with pytest.raises(ChunkError, match=r"freed \(memory\.free\) before map"):
+            memory.map(twice_plus_one, x, rows=10_000, engine=in_process_client)
+        y = memory.array((100_000, 4))
+        y[:] = 1.0
+        y[:, 0] = np.arange(len(y))
+        TO_FREE[:] = [y]
+        with pytest.raises(ChunkError, match=r"freed \(memory\.free\) while map") as caught:
+            memory.map(frees_its_input_at_block_3, y, rows=10_000, engine=in_process_client)
+        print(f"\n{where}: {caught.value}")
+    finally:
+        memory.budget("auto")
+        TO_FREE.clear()

@@ -365,6 +365,12 @@ def on_disk(x: np.ndarray) -> bool:
     return False
 
 
+def is_freed(x: np.ndarray) -> bool:
+    """Whether ``x`` (or the array it is a view of) is a ``memory.array`` freed since: it reads zeros now."""
+    entry = _find(x)
+    return entry is not None and entry.freed
+
+
 class Report(list[ArrayRecord]):
     """``report()``'s list, with what the other processes of this group hold reserved
     (``siblings_reserved_bytes``, as ``limits()``)."""

@@ -13,6 +13,11 @@ same ``result_of``/``check_like``, with the same errors. What differs is how dat
   own rows and writes, flushes and releases (``pages.BlockPages``). ``da.store`` into an ``open_memmap``
   target would pickle the target too: under a process cluster the writes went to copies and the file stayed wrong.
 
+A cluster without a worker fails instead of waiting forever: ``map`` waits at most the dask setting
+``apsi-memory.no-worker-timeout`` (``NO_WORKER_TIMEOUT_S`` by default) for one to appear, at the start and whenever
+it waits for blocks, then raises ``BlockError``. A ``memory.array`` input freed (``memory.free``) before the call or
+while blocks run raises ``ChunkError``, as locally.
+
 Workers must see the caller's files (one machine, or a shared filesystem). Otherwise use ``to_dask(x, rows,
 client=client)``: the blocks are read here and scattered one at a time; write results with ``to_zarr``.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ALL_COMPLETED
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -30,12 +36,27 @@ from ..arrays import placement, spill
 from ..blocks.pages import BlockPages, file_region, row_extent
 from ..blocks.progress import progress_bar
 from ..blocks.rules import DEFAULT_BLOCK_BYTES, block_spans, rows_per_block
-from ..blocks.runner import BLOCKS_PER_WORKER, Spans, Stop, check_like, check_storable, result_of, run_in_order
-from ..blocks.sources import resolve_source
+from ..blocks.runner import (
+    BLOCKS_PER_WORKER,
+    Spans,
+    Stop,
+    check_like,
+    check_storable,
+    result_of,
+    rows_label,
+    run_in_order,
+)
+from ..blocks.sources import freed_source, resolve_source
 from ..decide import cluster_blocks_in_flight
-from ..errors import BlockError, ChunkError
+from ..errors import ArgumentError, BlockError, ChunkError
 
 Fn = Callable[[np.ndarray], np.ndarray]
+
+# How long map waits for a worker when the cluster has none (lost them, or never had any), unless the dask
+# setting says otherwise; and how often a wait for blocks looks whether the cluster still has one.
+NO_WORKER_TIMEOUT_S = 30.0
+NO_WORKER_SETTING = "apsi-memory.no-worker-timeout"
+WORKER_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -146,7 +167,11 @@ def _compute(fn: Fn, rows: FileRows, spans: Spans, index: int) -> np.ndarray:
     """``fn`` on block ``index``, as the local ``map`` runs it (the whole input is mapped, so the rows and the
     messages are the same; only the block's pages are read, then released)."""
     start, stop = spans[index]
-    array = rows.open()
+    try:
+        array = rows.open()
+    except FileNotFoundError:
+        raise ChunkError(f"map's input file {rows.path} is gone: the array was freed (memory.free) while map ran, "
+                         "or its file deleted") from None
     pages = _pages(array[start:stop])
     # An F-ordered input was copied C-ordered; fn gets its block F-ordered again, as the local map passes it, so
     # that reductions add in the same order and the bytes are the same.
@@ -199,6 +224,10 @@ def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, 
     cluster's threads) sets the default ``rows`` as locally, and how many blocks are in flight: two each, more
     while they hold under 32 MiB of input together (``decide.cluster_blocks_in_flight``)."""
     source = resolve_source(x)
+    if source.given is not None and placement.is_freed(source.given):
+        raise freed_source("before map was called")
+    cluster = _Workers(client)
+    cluster.ready("before map started")
     threads = workers if workers is not None else sum(client.nthreads().values())
     block_rows = rows_per_block(source.row_bytes(), rows, max(1, threads) * BLOCKS_PER_WORKER)
     array = source.open()
@@ -207,16 +236,74 @@ def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, 
     inputs = found if found is not None else _spill_copy(array, spans)
     in_flight = cluster_blocks_in_flight(threads, block_rows * source.row_bytes(), DEFAULT_BLOCK_BYTES)
     try:
-        return _run(client, fn, inputs, spans, in_flight, progress)
+        return _run(cluster, fn, inputs, spans, in_flight, progress, source.given)
     finally:
         if found is None:
             spill.delete(inputs.path)
 
 
-def _run(client: Any, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, progress: bool) -> np.ndarray:
-    from distributed import wait
+class _Workers:
+    """The cluster's workers, looked at while ``map`` waits: none for ``timeout`` seconds is an error, not a hang
+    (tasks wait in the scheduler for a worker that never comes)."""
 
-    first = _first(client, fn, inputs, spans)
+    def __init__(self, client: Any) -> None:
+        self.client, self.timeout = client, no_worker_timeout()
+
+    def ready(self, when: str) -> None:
+        """At least one worker now, or within ``timeout`` seconds; else ``BlockError``."""
+        from distributed import TimeoutError as DaskTimeoutError
+
+        if self.client.nthreads():
+            return
+        try:
+            self.client.wait_for_workers(1, timeout=self.timeout)
+        except (TimeoutError, DaskTimeoutError) as exc:
+            raise BlockError(f"map(engine=client): no dask worker for {self.timeout:g} s {when}: the cluster has "
+                             "lost its workers (or never had any); start or scale up workers, or wait longer with "
+                             f"the dask setting {NO_WORKER_SETTING}") from exc
+
+    def wait(self, futures: list[Any], when: str, waiting: str) -> None:
+        """Until ``futures`` are done (``when``: as ``distributed.wait``), looking every ``WORKER_CHECK_S`` seconds
+        whether a worker is left to run them."""
+        from distributed import TimeoutError as DaskTimeoutError
+        from distributed import wait
+
+        while True:
+            try:
+                wait(futures, timeout=WORKER_CHECK_S, return_when=when)
+                return
+            except (TimeoutError, DaskTimeoutError):
+                self.ready(f"while {waiting} waited")
+
+
+def no_worker_timeout() -> float:
+    """Seconds ``map`` waits for a worker: the dask setting ``apsi-memory.no-worker-timeout`` (a number of
+    seconds or a duration such as ``"2 minutes"``), else ``NO_WORKER_TIMEOUT_S``."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    value = dask.config.get(NO_WORKER_SETTING, default=None)
+    try:
+        seconds = NO_WORKER_TIMEOUT_S if value is None else float(parse_timedelta(value, default="s"))
+    except (TypeError, ValueError, KeyError):
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ArgumentError(f"dask setting {NO_WORKER_SETTING}={value!r}: seconds to wait for a worker, a number "
+                            "of at least 0 or a duration such as '2 minutes'")
+    return seconds
+
+
+def _alive(given: np.ndarray | None) -> None:
+    """A ``memory.array`` input freed while map ran: blocks read after it read zeros."""
+    if given is not None and placement.is_freed(given):
+        raise freed_source("while map ran")
+
+
+def _run(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, progress: bool,
+         given: np.ndarray | None) -> np.ndarray:
+    client = cluster.client
+    first = _first(cluster, fn, inputs, spans)
+    _alive(given)
     check_storable(first, spans)
     shape = (inputs.shape[0], *first.shape[1:])
     why = "SSD: the output of map on a dask cluster (its workers write it by path)"
@@ -234,12 +321,14 @@ def _run(client: Any, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, pr
                 return _Block(live[index], index)
 
             def wait_for(blocks: set[_Block], when: str) -> tuple[set[_Block], set[_Block]]:
-                wait([block.future for block in blocks], return_when=when)
+                first = min(block.index for block in blocks)
+                cluster.wait([block.future for block in blocks], when, f"rows {rows_label(spans, first)}")
                 finished = {block for block in blocks if block.future.done()}
                 return finished, blocks - finished
 
             def done(index: int) -> None:
                 del live[index]
+                _alive(given)  # this block may have read the input after it was freed
                 bar.update(spans[index][1] - spans[index][0])
 
             run_in_order(len(spans), in_flight, submit, wait_for, done, Stop(len(spans)), lambda: None, start=1)
@@ -279,10 +368,13 @@ def _abandon(client: Any, futures: Iterable[Any], out: np.ndarray) -> None:
     placement.free(out)
 
 
-def _first(client: Any, fn: Fn, inputs: FileRows, spans: Spans) -> np.ndarray:
+def _first(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans) -> np.ndarray:
+    future = cluster.client.submit(first_block, fn, inputs, spans, pure=False)
     try:
-        result: np.ndarray = client.submit(first_block, fn, inputs, spans, pure=False).result()
+        cluster.wait([future], ALL_COMPLETED, f"rows {rows_label(spans, 0)}")
+        result: np.ndarray = future.result()
     except BaseException as exc:
+        cluster.client.cancel([future])
         restore_cause(exc)
         raise
     return result

@@ -20,7 +20,9 @@ Documented behaviour at the edges:
   of its pages were cached before);
 * in-RAM arrays of any layout and dtype (object too) give views; files and memory-mapped arrays must store their
   rows one after another (C order): Fortran-order files, 0-d arrays, object-dtype files (never unpickled),
-  truncated or non-``.npy`` files and ``rows <= 0`` raise ``ChunkError`` / ``CorruptFileError`` at the call.
+  truncated or non-``.npy`` files and ``rows <= 0`` raise ``ChunkError`` / ``CorruptFileError`` at the call;
+* a ``memory.array`` freed (``memory.free``) reads as zeros: freed before the call it raises ``ChunkError`` there,
+  freed while a block is in use it raises ``ChunkError`` when the loop asks for the next block.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..arrays import placement
 from ..blocks.pages import BlockPages
 from ..blocks.progress import progress_bar
 from ..blocks.rules import block_spans, rows_per_block
-from ..blocks.sources import Source, resolve_source
+from ..blocks.sources import Source, freed_source, resolve_source
 from ..units import flag
 
 
@@ -47,6 +50,8 @@ def chunks(source: str | os.PathLike[str] | np.ndarray, rows: int | None = None,
     """
     show = flag(progress, "chunks: progress")
     resolved = resolve_source(source)
+    if resolved.given is not None and placement.is_freed(resolved.given):
+        raise freed_source("before chunks was called")
     block_rows = rows_per_block(resolved.row_bytes(), rows)
     return _stream(resolved, block_rows, show)
 
@@ -62,6 +67,8 @@ def _stream(source: Source, rows: int, progress: bool) -> Iterator[np.ndarray]:
             following = spans[min(index + 1, len(spans) - 1)][1]
             blocks.read_ahead(start if index == 0 else stop, following)
             yield array[start:stop]
+            if source.given is not None and placement.is_freed(array):  # the block just used may have read zeros
+                raise freed_source(f"while block {index + 1} of {len(spans)} was in use")
             blocks.finished(index)
             bar.update(stop - start)
     finally:

@@ -18,6 +18,9 @@ How it runs
   block after the failing one starts, the blocks before it and those already running finish, the error of the
   first failing block in row order is raised (whichever thread noticed first), and the output is freed (its spill
   file deleted).
+* A ``memory.array`` input freed (``memory.free``: it reads as zeros since) before the call or while blocks run
+  raises ``ChunkError``, as a failing block does: each block checks once ``fn`` returned, so none is written from
+  zeros.
 * An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
 * ``engine=client`` (a ``distributed.Client``) runs the blocks on a dask cluster instead, by the same rules and
   with byte-identical results: see ``apsi_memory.dask`` (the ``apsi-memory[dask]`` extra).
@@ -38,8 +41,17 @@ from ..arrays import placement
 from ..blocks.pages import BlockPages
 from ..blocks.progress import Progress, progress_bar
 from ..blocks.rules import block_spans, positive_count, rows_per_block
-from ..blocks.runner import BLOCKS_PER_WORKER, Spans, Stop, check_like, check_storable, result_of, run_in_order
-from ..blocks.sources import resolve_source
+from ..blocks.runner import (
+    BLOCKS_PER_WORKER,
+    Spans,
+    Stop,
+    check_like,
+    check_storable,
+    result_of,
+    rows_label,
+    run_in_order,
+)
+from ..blocks.sources import freed_source, resolve_source
 from ..errors import ArgumentTypeError
 from ..machinery.machines import machine
 from ..units import flag
@@ -60,6 +72,8 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
 
         return map_on_cluster(engine, fn, x, rows, workers, progress=progress)
     source = resolve_source(x)
+    if source.given is not None and placement.is_freed(source.given):
+        raise freed_source("before map was called")
     n_workers = machine().cores() if workers is None else positive_count(workers, "workers", "a number of threads")
     block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
     array = source.open()
@@ -149,6 +163,8 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
             return index
         try:
             result = result_of(fn, array, spans, index)
+            if placement.is_freed(array):  # freed while fn read its block: the result may come from zeros
+                raise freed_source(f"while map ran (found after rows {rows_label(spans, index)})")
             if index == 0:
                 output.make(result)
         finally:
