@@ -321,6 +321,8 @@ def _run(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans, in_flight: i
                 return _Block(live[index], index)
 
             def wait_for(blocks: set[_Block], when: str) -> tuple[set[_Block], set[_Block]]:
+                if not blocks:  # every block already done: run_in_order still waits on what it has left
+                    return set(), set()
                 first = min(block.index for block in blocks)
                 cluster.wait([block.future for block in blocks], when, f"rows {rows_label(spans, first)}")
                 finished = {block for block in blocks if block.future.done()}
