@@ -6,6 +6,9 @@
 * ``home``: the test's ``~/.apsi`` (``home / "home"``) and store folder (``home / "stores"``).
 * ``spill_dir``, ``on_ssd``: a spill folder under the test's tmp; ``on_ssd`` also sets the budget to 0.
 * ``memcg``: a real v1 child memory cgroup.
+* ``calm_host``: a calm sim container (``docker run -m 4g``, 3 of 4 GiB free, no stalls, so a ledger too) unless
+  the test asks for ``pressure_machine``: for modules whose arrays must stay in RAM whatever the real host's
+  pressure.
 
 Every test also runs on a fresh ``Machine`` of the real host (its own budget, ledger, level and components) and
 its own ``APSI_HOME`` and reservation ledger (``APSI_LEDGER_DIR``), so nothing a test sets reaches another and no global needs resetting afterwards.
@@ -14,6 +17,9 @@ its own ``APSI_HOME`` and reservation ledger (``APSI_LEDGER_DIR``), so nothing a
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
@@ -29,6 +35,21 @@ from sim.tree import MiB, SimTree
 from tests.realcg import ChildGroup, child_group
 
 BuildMachine = Callable[..., SimTree]
+ALONE = "APSI_TEST_ALONE"  # the node id a child pytest runs for real (``alone`` marker)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A test marked ``alone`` runs again in a fresh pytest process, and its result is that process's: it counts
+    the threads of its process, which other tests' pools, watchers and dask clients may still have running."""
+    if pyfuncitem.get_closest_marker("alone") is None or os.environ.get(ALONE) == pyfuncitem.nodeid:
+        return None
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+                          env={**os.environ, ALONE: pyfuncitem.nodeid}, cwd=pyfuncitem.config.rootpath,
+                          capture_output=True, text=True, timeout=280, check=False)
+    print(done.stdout[-4000:])
+    assert done.returncode == 0, f"{pyfuncitem.nodeid} alone: exit {done.returncode}\n{done.stdout[-6000:]}"
+    return True
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +98,12 @@ def pressure_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     pm = PressureMachine(tmp_path / "root", limit=256 * MiB)
     with pm.machine.use():
         yield pm
+
+
+@pytest.fixture
+def calm_host(request: pytest.FixtureRequest) -> None:
+    if "pressure_machine" not in request.fixturenames:
+        request.getfixturevalue("sim_machine")(sim.tree.docker_v1)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 import apsi_memory as memory
+from apsi_memory.arrays import moving
 from apsi_memory.decide import Level, Place, place, place_reason
 from apsi_memory.units import GiB, MiB
 from sim.pressure import PressureMachine
@@ -39,6 +40,7 @@ def test_report_says_why_each_array_is_where_it_is(pressure_machine: PressureMac
     pressure_machine.at(Level.HIGH)
     pressure_machine.next_measurement()
     small_but_high = memory.array((2, MiB), "uint8")
+    assert moving.mover.wait_idle(30)  # the move runs on the mover thread
     reasons = [r.reason for r in new(before)]
     assert reasons == ["SSD: moved at pressure high",  # made in RAM (fits the budget); high moved it (moving.py)
                        "SSD: 80.0 MB is more than the 60.0 MB left of the budget",

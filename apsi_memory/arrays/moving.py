@@ -13,8 +13,13 @@ object, its address, every view and every byte stay; from then on it is an SSD a
 
 Writers never lose a write: while a piece moves it is write-protected (``system.uffd``), so a thread that writes to it
 waits in the kernel and continues on the file once it is mapped. Where write protection is not available, an
-array moves only when this is the only Python thread (no other thread can write); otherwise it stays, and
-``report()`` says why.
+array moves only when no other OS thread of the process can write (``/proc/self/task``, less the library's own
+threads while they wait: ``uffd.other_writers``); otherwise it stays, and ``report()`` says why.
+
+Where moves run: with write protection on the mover thread (``_MoverThread``: the allocating or watching thread
+that read the level goes on), stopped between two pieces at exit; without it on the thread that read the level.
+A failed move leaves what moved on the file (``entry.moved`` bytes, ``on_disk`` true, "partly moved" in
+``report()``) and the rest in RAM; a later move finishes it, ``free`` gives both back.
 
 Nothing moves back at ``ok``: the RAM came back because the array left it, and moving back would take it again
 and move out at the next rise (flapping, each time a full copy). A program that wants RAM speed again copies:
@@ -23,7 +28,9 @@ and move out at the next rise (flapping, each time a full copy). A program that 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import errno
 import logging
 import os
 import threading
@@ -35,8 +42,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..decide import MOVE_AT, Level, Place, Relief, arrays_to_move, bytes_to_free
+from ..errors import SystemCallError
 from ..system import libc, uffd
-from ..system.once import fork_hooks
+from ..system.once import fork_hooks, once
 from . import spill
 
 if TYPE_CHECKING:
@@ -62,6 +70,7 @@ class Movable(Protocol):
     note: str
     freed: bool
     ledger: Ledger | None
+    moved: int
 
     @property
     def nbytes(self) -> int: ...
@@ -101,12 +110,95 @@ class Mover:
         """Nothing: ``on_reading`` hears every reading, this change included, after the pools and stores acted."""
 
     def on_reading(self, level: Level) -> None:
+        """At ``MOVE_AT`` or above: with write protection the mover thread moves and the caller goes on; without
+        it only the caller can know that no other thread writes, so it moves itself (when it may)."""
         machine = self._machine()
         if level >= MOVE_AT and machine is not None:
-            relieve(machine, level, self._entries)
+            if uffd.available() is None:
+                mover.ask(machine, level, self._entries)
+            else:
+                relieve(machine, level, self._entries)
 
     def relieve(self) -> None:
         """``memory.relieve()`` gives caches back; an array is not a cache, so nothing moves for it."""
+
+
+class _MoverThread:
+    """One daemon thread per process that moves what the latest reading at ``MOVE_AT`` asked for, heard on an
+    allocating or watching thread, which goes on meanwhile. It ends after ``IDLE_SECONDS`` without work (and starts
+    again on the next), so a program that forks later forks without it. At exit it is stopped between two pieces
+    (``stop``): what moved stays on the file, the rest in RAM, nothing is lost, and the program ends."""
+
+    IDLE_SECONDS = 2.0
+
+    def __init__(self) -> None:
+        self.start_over()
+
+    def start_over(self) -> None:
+        self._changed = threading.Condition()
+        self._job: tuple[weakref.ref[Machine], Level, Entries] | None = None
+        self._thread: threading.Thread | None = None
+        self._busy = False
+        self.stopping = False
+
+    def ask(self, machine: Machine, level: Level, entries: Entries) -> None:
+        with self._changed:
+            if self.stopping:
+                return
+            self._job = (weakref.ref(machine), level, entries)  # the latest reading replaces one not begun
+            if self._thread is None:
+                _stop_at_exit()
+                self._thread = threading.Thread(target=self._run, name="apsi-mover", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no move is asked for or under way (or ``timeout``): for tests, instead of sleeping."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._job is None and not self._busy, timeout)
+
+    def _run(self) -> None:
+        with uffd.quiet():  # moving, it writes to no array (only the chain it runs, which is the move)
+            while (job := self._next()) is not None:
+                try:
+                    machine = job[0]()
+                    if machine is not None:
+                        relieve(machine, job[1], job[2])
+                    del machine
+                except Exception:  # the thread must outlive a failed move; the error is still logged
+                    log.exception("moving arrays failed")
+                finally:
+                    with self._changed:
+                        self._busy = False
+                        self._changed.notify_all()
+
+    def _next(self) -> tuple[weakref.ref[Machine], Level, Entries] | None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._job is not None or self.stopping, self.IDLE_SECONDS)
+            job, self._job = self._job, None
+            if job is None or self.stopping:
+                self._thread, self._job = None, None
+                self._changed.notify_all()
+                return None
+            self._busy = True
+            return job
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """No new move; the one under way ends after its current piece."""
+        with self._changed:
+            self.stopping = True
+            thread = self._thread
+            self._changed.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+
+mover = _MoverThread()
+
+
+@once
+def _stop_at_exit() -> None:
+    atexit.register(mover.stop)  # runs before the interpreter freezes daemon threads
 
 
 _movers: weakref.WeakKeyDictionary[Any, Mover] = weakref.WeakKeyDictionary()
@@ -136,19 +228,30 @@ def relieve(machine: Machine, level: Level, ram_entries: Entries) -> int:
 
 
 def why_not_safe() -> str | None:
-    """Why an array cannot move now, or ``None``."""
+    """Why an array cannot move now, or ``None``. Without write protection only while no other OS thread can write
+    (``uffd.other_writers``: ``_thread`` and native threads count, the library's waiting watchers do not)."""
     why = uffd.available()
-    if why is None or threading.active_count() == 1:
+    if why is None:
         return None
-    return f"{why}, and {threading.active_count()} Python threads run (without it only a lone thread moves safely)"
+    others = uffd.other_writers()
+    if others == 0:
+        return None
+    counted = "threads that cannot be counted" if others is None else f"{others} other threads"
+    return f"{why}, and {counted} run (without it an array moves only while no other thread can write to it)"
+
+
+def can_move(entry: Movable) -> bool:
+    """A big RAM array, or one partly moved (a failed move's rest: a later move finishes it)."""
+    return bool(entry.length) and (entry.place is Place.RAM or 0 < entry.moved < entry.length)
 
 
 def move(entry: Movable, level: Level) -> bool:
-    """Move one RAM array to a new spill file in place; whether it moved. Why it could not is kept for
-    ``report()``; a full disk or failed call is logged (WARNING) and the array stays."""
+    """Move one RAM array (or the rest of a partly moved one) to a spill file in place; whether it moved all of
+    it. Why it could not is kept for ``report()``; a full disk or failed call is logged (WARNING): what had not
+    moved stays in RAM, what had stays on the file (``on_disk`` true, ``report()`` says "partly moved")."""
     with lock:
         owner = entry()  # held: the memory cannot go away during the move
-        if owner is None or entry.freed or entry.place is not Place.RAM or not entry.length:
+        if owner is None or entry.freed or not can_move(entry):
             return False
         why = why_not_safe()
         if why is not None:
@@ -166,26 +269,37 @@ def move(entry: Movable, level: Level) -> bool:
         moves.count, moves.bytes, moves.seconds = moves.count + 1, moves.bytes + moved, moves.seconds + took
         log.info("array of %d bytes moved to %s at pressure %s in %.3f s", entry.nbytes, path, level, took)
         del owner
-        return True
+        return entry.moved == entry.length
+
+
+def _spill_file(entry: Movable) -> tuple[str, int, int]:
+    """A new spill file (path, descriptor, where the data starts), or that of a partly moved array again."""
+    if not entry.moved or entry.path is None:
+        return spill.reserve(entry.shape, entry.dtype, page_aligned=True)
+    fd = os.open(entry.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    return entry.path, fd, os.fstat(fd).st_size - uffd.page_up(entry.length)  # it ends at a page (reserve)
 
 
 def _move_pieces(entry: Movable) -> tuple[str, int]:
-    """The spill file's path and how many bytes moved. A failure after the first piece leaves the array partly
-    on the file (it is then an SSD array: its file must stay) and says so in ``entry.note``."""
-    path, fd, offset = spill.reserve(entry.shape, entry.dtype, page_aligned=True)
-    guard = None
-    moved = 0
+    """The spill file's path and how many bytes moved now (after ``entry.moved``). A piece counts as moved once
+    it is mapped from the file, its write-back failing or not: a failure after that leaves the array partly on
+    the file (it is then an SSD array: its file must stay) and says so in ``entry.note``."""
+    path, fd, offset = _spill_file(entry)
+    guard, done, moved = None, entry.moved, 0
     try:
-        guard = uffd.Guard(entry.address, entry.length) if uffd.available() is None else None
-        for start in range(0, entry.length, PIECE_BYTES):
+        guard = uffd.Guard(entry.address + done, entry.length - done) if uffd.available() is None else None
+        for start in range(done, entry.length, PIECE_BYTES):
+            if mover.stopping:  # the program is ending: the rest stays in RAM
+                raise SystemCallError(errno.EINTR, "the program is ending: the move stopped between two pieces")
             n = min(PIECE_BYTES, entry.length - start)
-            _move_piece(guard, entry.address + start, n, fd, offset + start)
+            _map_piece(guard, entry.address + start, n, fd, offset + start)
             moved += n
+            _write_back(fd, offset + start, n)
     except OSError as exc:
-        if moved == 0:
+        if done + moved == 0:
             spill.delete(path)
             raise
-        entry.note = f"partly moved ({moved} of {entry.length} bytes): {exc}"
+        entry.note = f"partly moved ({done + moved} of {entry.length} bytes): {exc}"
     finally:
         if guard is not None:
             guard.close()
@@ -193,7 +307,7 @@ def _move_pieces(entry: Movable) -> tuple[str, int]:
     return path, moved
 
 
-def _move_piece(guard: uffd.Guard | None, address: int, n: int, fd: int, offset: int) -> None:
+def _map_piece(guard: uffd.Guard | None, address: int, n: int, fd: int, offset: int) -> None:
     # A first copy with the GIL released puts the piece in the page cache, so the copy inside the protected chain
     # only overwrites pages already there and cannot fail on the way to a full disk.
     os.pwrite(fd, memoryview((ctypes.c_char * n).from_address(address)).cast("B"), offset)
@@ -201,25 +315,33 @@ def _move_piece(guard: uffd.Guard | None, address: int, n: int, fd: int, offset:
         guard.move(address, n, fd, offset)
     else:
         uffd.copy_and_map(address, n, fd, offset)
-    # Written back, then dropped: clean pages the kernel may take at once (the array reads them back on use).
+
+
+def _write_back(fd: int, offset: int, n: int) -> None:
+    """Written back, then dropped: clean pages the kernel may take at once (the array reads them back on use)."""
     if not libc.sync_file_range(fd, offset, n):
         os.fdatasync(fd)
     libc.fadvise(fd, offset, n, getattr(os, "POSIX_FADV_DONTNEED", 4))
 
 
 def _now_on_disk(entry: Movable, path: str, level: Level, moved: int) -> None:
+    """The ledger gives back what left RAM; the entry says SSD (all of it, or ``entry.note`` says what part)."""
+    before, entry.moved = entry.moved, entry.moved + moved
     if entry.ledger is not None:
-        entry.ledger.remove(entry.nbytes)
-        entry.ledger = None
+        entry.ledger.remove(min(entry.nbytes, entry.moved) - min(entry.nbytes, before))
+        if entry.moved >= entry.length:
+            entry.ledger = None
     entry.place, entry.path, entry.why = Place.SSD, path, f"moved at pressure {level}"
-    if moved == entry.length:
+    if entry.moved == entry.length:
         entry.note = ""
 
 
 def _fresh_lock_in_child() -> None:
-    """A fork during a move copies the lock taken: the child gets a free one (its arrays are its own copies)."""
+    """A fork during a move copies the lock taken: the child gets a free one (its arrays are its own copies), and
+    no mover thread (threads do not survive a fork)."""
     global lock
     lock = threading.RLock()
+    mover.start_over()
 
 
 set_up_fork = fork_hooks(after_in_child=_fresh_lock_in_child)

@@ -89,8 +89,8 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
     what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "note", "path", "place", "shape",
-                 "why")
+    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "moved", "note", "path", "place",
+                 "shape", "why")
 
     def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
         return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
@@ -110,6 +110,7 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
         self.ledger = ledger  # where a big RAM array is counted: its bytes go back there, whichever machine is in use
         self.freed = False
         self.note = ""  # why it stayed in RAM when it could not move, or that it moved only in part (moving.py)
+        self.moved = 0  # bytes from the start moved to the spill file: 0 < moved < length while partly moved
 
     @property
     def nbytes(self) -> int:
@@ -230,7 +231,7 @@ def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Plac
 def ram_entries(ledger: Ledger | None = None) -> list[_Tracked]:
     """The live big RAM arrays (those that can move), oldest first; with ``ledger``, those of that machine."""
     return [e for e in list(_tracked.values())
-            if e.place is Place.RAM and e.length and not e.freed and (ledger is None or e.ledger is ledger)]
+            if moving.can_move(e) and not e.freed and (ledger is None or e.ledger is ledger)]
 
 
 def _resident_in_ram() -> int:
@@ -286,8 +287,10 @@ def _forget(entry: _Tracked) -> None:
     """The owner was garbage-collected: its memory is gone with it. (Its id cannot be reused before this runs,
     so the entry under that key is this one.)"""
     _tracked.pop(entry.key, None)
-    if not entry.freed:
-        _give_back(entry, release=False)
+    if not entry.freed and entry.length:
+        # Without the move lock: a move holds the owner, so none of this array is under way, and a collection
+        # may run here inside the ledger's lock, which a move holding the move lock may be waiting for.
+        _give_back_now(entry, release=False)
 
 
 def _give_back(entry: _Tracked, release: bool) -> None:
@@ -298,12 +301,12 @@ def _give_back(entry: _Tracked, release: bool) -> None:
 
 
 def _give_back_now(entry: _Tracked, release: bool) -> None:
-    if entry.place is Place.RAM:
-        if entry.ledger is not None:
-            entry.ledger.remove(entry.nbytes)
-        if release:
-            spill.detach(entry.address, entry.length)
-    elif entry.path is not None:
+    if entry.ledger is not None:  # what is still in RAM: all of it, or the rest of a partly moved array
+        entry.ledger.remove(max(0, entry.nbytes - entry.moved))
+        entry.ledger = None
+    if release and entry.moved < entry.length and (entry.place is Place.RAM or entry.moved):
+        spill.detach(entry.address + entry.moved, entry.length - entry.moved)
+    if entry.place is Place.SSD and entry.path is not None:
         if release:
             spill.release(entry.path)
         else:

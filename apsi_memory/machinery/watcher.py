@@ -32,7 +32,7 @@ from ..adapters.psi import open_trigger
 from ..adapters.root import under
 from ..decide import Level
 from ..errors import ArgumentTypeError
-from ..system import libc
+from ..system import libc, uffd
 from ..units import seconds
 from .machines import machine
 from .reading import Pressure
@@ -95,18 +95,21 @@ class Watcher:
         call, self._last_call = next_call(reading.level, self.level, self._last_call, self.clock.now(), self.repeat)
         if call:
             self.calls += 1
-            self.fn(reading)
+            with uffd.quiet(False):  # the user's function may write to arrays
+                self.fn(reading)
         return call
 
     def _run(self) -> None:
         self._open_trigger()
-        try:
-            while not self._stopped.is_set():
-                self._check_and_report()
-                if self._wait():
-                    return
-        finally:
-            self._close_trigger()
+        # Waiting and reading, it writes to no array: an array may move without write protection meanwhile.
+        with uffd.quiet():
+            try:
+                while not self._stopped.is_set():
+                    self._check_and_report()
+                    if self._wait():
+                        return
+            finally:
+                self._close_trigger()
 
     def _open_trigger(self) -> None:
         """A PSI trigger on the file the machine reads stalls from, and the pipe that ends a poll of it."""

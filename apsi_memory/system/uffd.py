@@ -13,10 +13,16 @@ on the file mapping once woken.
 
 ``available()`` says why write protection cannot be had here (not Linux, a kernel before 6.4 without write
 protection of pages never touched, a seccomp filter or sysctl refusing ``userfaultfd``), or ``None``.
+
+Without it, memory may be moved only while no other thread can write to it. Python's thread count misses threads
+started with ``_thread`` and native ones (OpenMP, BLAS, a C extension's), so ``other_writers()`` counts the
+process's OS threads (``/proc/self/task``), less the calling one and those that declared, with ``quiet()``, that
+they write to no memory the library moves (the library's own watcher and mover threads, while they wait or move).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -25,6 +31,8 @@ import operator
 import os
 import platform
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import SystemCallError
@@ -40,6 +48,44 @@ _WRITEPROTECT_MODE_WP = 1
 # uffdio_writeprotect (24)
 _UFFDIO_API, _UFFDIO_REGISTER, _UFFDIO_WAKE, _UFFDIO_WRITEPROTECT = 0xC018AA3F, 0xC020AA00, 0x8010AA02, 0xC018AA06
 _MAP_FIXED = 0x10
+
+
+_TASKS = "/proc/self/task"
+_quiet: dict[int, set[int]] = {}  # by pid (a forked child's threads are new): native ids of the quiet threads
+
+
+def _tasks() -> set[int] | None:
+    try:
+        return {int(task) for task in os.listdir(_TASKS) if task.isdigit()}
+    except OSError:
+        return None
+
+
+# The threads already there when the library is imported by a lone Python thread are NumPy's BLAS pool (OpenBLAS
+# starts it when NumPy is imported): its threads work only inside a BLAS call made by another thread, which counts.
+_quiet[os.getpid()] = (_tasks() or set()) - {threading.get_native_id()} if threading.active_count() == 1 else set()
+
+
+@contextlib.contextmanager
+def quiet(on: bool = True) -> Iterator[None]:
+    """For the block, count the calling thread as one that writes to no memory the library moves (``on``), or, with
+    ``on=False``, again as one that may (a watcher calling the user's function)."""
+    me, ids = threading.get_native_id(), _quiet.setdefault(os.getpid(), set())
+    was = me in ids
+    (ids.add if on else ids.discard)(me)
+    try:
+        yield
+    finally:
+        (ids.add if was else ids.discard)(me)
+
+
+def other_writers() -> int | None:
+    """How many other OS threads of this process may write to memory (not quiet); ``None`` where the threads cannot
+    be counted (no ``/proc``): then as if some could."""
+    tasks = _tasks()
+    if tasks is None:
+        return None
+    return len(tasks - {threading.get_native_id()} - _quiet.get(os.getpid(), set()))
 
 
 class _Range(ctypes.Structure):
@@ -125,7 +171,8 @@ def _check(result: int, what: str, length: int, address: int) -> None:
         raise SystemCallError(code, f"could not {what} {length} bytes at {address:#x}: {os.strerror(code)}")
 
 
-def _page_up(n: int) -> int:
+def page_up(n: int) -> int:
+    """``n`` rounded up to whole pages."""
     return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
@@ -140,7 +187,7 @@ class Guard:
         calls = _calls()
         assert calls is not None
         self._calls = calls
-        register = _Register(_Range(address, _page_up(length)), _REGISTER_MODE_WP, 0)
+        register = _Register(_Range(address, page_up(length)), _REGISTER_MODE_WP, 0)
         try:
             _check(calls["ioctl"](fd, _UFFDIO_REGISTER, ctypes.byref(register)), "register", length, address)
         except OSError:
@@ -152,7 +199,7 @@ class Guard:
         it (shared, fixed) and wake the writers that waited: one chain of C calls with the GIL held throughout
         (see the module docstring). Raises ``SystemCallError`` if the copy or the mapping failed; the writers are
         woken either way."""
-        ioctl, pages = self._calls["ioctl"], _page_up(length)
+        ioctl, pages = self._calls["ioctl"], page_up(length)
         protect, wake = _Protect(_Range(address, pages), _WRITEPROTECT_MODE_WP), _Range(address, pages)
         flags = mmap.MAP_SHARED | _MAP_FIXED
         chain = (functools.partial(ioctl, self.fd, _UFFDIO_WRITEPROTECT, ctypes.byref(protect)),
@@ -177,5 +224,33 @@ def copy_and_map(address: int, length: int, fd: int, offset: int) -> None:
         raise SystemCallError(errno.ENOSYS, "moving memory needs Linux")
     _check(0 if calls["pwrite"](fd, address, length, offset) == length else -1, "copy", length, address)
     flags = mmap.MAP_SHARED | _MAP_FIXED
-    result = calls["mmap"](address, _page_up(length), mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
+    result = calls["mmap"](address, page_up(length), mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
     _check(0 if result == address else -1, "map the spill file over", length, address)
+
+
+# -- a fork child's own copy (``arrays.forking``) --------------------------------------------------------------------
+
+_MAP_NORESERVE = 0x4000  # the same value on x86_64 and aarch64
+
+
+def map_private(address: int, length: int, fd: int, offset: int, writable: bool) -> None:
+    """Map ``fd`` from ``offset`` over the page-aligned range copy-on-write (``MAP_PRIVATE | MAP_FIXED``): a fork
+    child's own copy of a shared spill mapping. ``MAP_NORESERVE``: no memory is charged up front for pages never
+    written (else the copy of an array bigger than RAM + swap would be refused). Raises ``SystemCallError``."""
+    calls = _calls()
+    if calls is None:
+        raise SystemCallError(errno.ENOSYS, "a private copy of a mapping needs Linux")
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    result = calls["mmap"](address, length, prot, mmap.MAP_PRIVATE | _MAP_FIXED | _MAP_NORESERVE, fd, offset)
+    _check(0 if result == address else -1, "map a private copy of a spill file over", length, address)
+
+
+def protect_read_only(address: int, length: int) -> bool:
+    """Make the page-aligned range read-only (``mprotect``): where no private copy could be made, a child's write
+    then crashes it instead of reaching its parent. Whether that worked."""
+    calls = _calls()
+    if calls is None:
+        return False
+    mprotect = calls.setdefault("mprotect", ctypes.PyDLL(None, use_errno=True)["mprotect"])
+    mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return int(mprotect(address, length, mmap.PROT_READ)) == 0
