@@ -9,6 +9,9 @@ Lifetime: deleted when the array is freed, when it is garbage-collected, and at 
 the first spill). A process that was SIGKILLed runs none of that; the next process to spill into the folder
 reclaims its files then (importing the library does nothing), deleting only files whose owner is dead.
 
+Forks: a child gets its own copy-on-write copy of every spill file mapping (``forking``, from the fork hook the
+first spill registers), and never deletes or truncates its parent's files (``made_here``).
+
 Space: the whole file is reserved with ``posix_fallocate`` before it is mapped. A sparse file would fail later,
 on the first write to a page the full disk cannot hold, with SIGBUS — a crash; reserving up front turns a full disk
 into a ``DiskFullError`` at creation, naming the folder and its free space, and the half-made file is removed.
@@ -45,6 +48,7 @@ from ..system import libc, paths
 from ..system.fileio import new_file, npy_header, write_all
 from ..system.once import once
 from ..units import fmt_size
+from . import forking
 
 _NAME = re.compile(r"apsi-(\d+)-(\d+)-[0-9a-f]+\.npy")
 
@@ -241,6 +245,18 @@ def _fresh_locks_in_child() -> None:
     _live_lock, _reclaim_lock = threading.Lock(), threading.Lock()
 
 
+def _in_child() -> None:
+    """The fork hook: free locks, and the child's own copy-on-write copy of every spill file mapping (the fork rule,
+    ``forking``)."""
+    _fresh_locks_in_child()
+    forking.private_copies(is_spill_file)
+
+
+def is_spill_file(path: str) -> bool:
+    """Whether ``path`` is named like a spill file (the library's own: nothing else maps one)."""
+    return owner_of(os.path.basename(path)) is not None
+
+
 def _delete_all_at_exit() -> None:
     with _live_lock:
         left = list(_live)
@@ -250,8 +266,8 @@ def _delete_all_at_exit() -> None:
 
 @once
 def _set_up() -> None:
-    """With the first spill of the process: the fork hook and the at-exit cleanup (never at import)."""
-    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+    """With the first spill or move of the process: the fork hook and the at-exit cleanup (never at import)."""
+    os.register_at_fork(after_in_child=_in_child)
     atexit.register(_delete_all_at_exit)
 
 

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from ..adapters.clock import Clock
 from ..decide import Level, Relief, in_relief_order, ram_tier_limit
+from ..system.once import each, fork_hooks
 
 # Documented logger names (README, "What it logs"): level changes, and what each component did about one.
 level_log = logging.getLogger("apsi_memory.pressure")
@@ -32,12 +33,39 @@ class Component(Protocol):
     def relieve(self) -> None: ...
 
 
+class _Locked(Protocol):
+    _lock: threading.Lock
+
+
+_with_locks: weakref.WeakSet[_Locked] = weakref.WeakSet()  # every Components and LevelTracker, for the fork hook
+
+
+def _fresh_lock(holder: _Locked) -> None:
+    holder._lock = threading.Lock()
+
+
+def _fresh_locks_in_child() -> None:
+    """A fork while another thread held one of these locks (registering a component, publishing a level) copies it
+    taken, and no thread of the child would ever release it: the child's first big array would wait forever. The
+    child gets free ones (nothing was half changed under them: each guards a few assignments)."""
+    each(list(_with_locks), _fresh_lock)
+
+
+_set_up_fork = fork_hooks(after_in_child=_fresh_locks_in_child)
+
+
+def _fork_safe(holder: _Locked) -> None:
+    _set_up_fork()
+    _with_locks.add(holder)
+
+
 class Components:
     """The components of one machine, held weakly."""
 
     def __init__(self) -> None:
         self._members: weakref.WeakSet[Component] = weakref.WeakSet()
         self._lock = threading.Lock()
+        _fork_safe(self)
 
     def register(self, component: Component) -> None:
         with self._lock:
@@ -122,6 +150,7 @@ class LevelTracker:
         self._issued = 0  # tickets handed to readings, in the order they started
         self._published = 0  # the ticket of the reading ``level`` comes from
         self._lock = threading.Lock()
+        _fork_safe(self)
 
     def current(self) -> Level:
         due = self.due()
