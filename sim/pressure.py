@@ -42,8 +42,8 @@ class PressureMachine:
         self.set_usage(int(self.limit * used_share(level)))
 
     def stalls(self, some: float, full: float | None = 0.0, host_short: bool = True) -> None:
-        """Show PSI ``some``/``full`` avg10 (percent) in ``/proc/pressure/memory``. Host-wide stalls count toward a
-        limited group's level only while the host is short of memory (``decide.host_stalls_count``), so by default
+        """Show PSI ``some``/``full`` avg10 (percent) in ``/proc/pressure/memory``. Host-wide stalls count toward the
+        level, limit or not, only while the host is short of memory (``decide.host_stalls_count``), so by default
         the host's available memory drops to 10 % with them; ``host_short=False`` leaves it at 60 of 64 GiB (a
         thrashing group elsewhere on a calm host)."""
         self.tree.meminfo(HOST_TOTAL, HOST_TOTAL // 10 if host_short and some else HOST_AVAILABLE)

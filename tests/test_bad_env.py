@@ -46,6 +46,15 @@ def use(variable: str) -> None:
         put("t", "k", b"v")
 
 
+@pytest.fixture(autouse=True)
+def user_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's home for these tests, a temp folder: an empty folder variable means the default,
+    ``~/.apsi``, and that must not be the real user's (``tests/test_writes_stay_in_tmp.py`` checks)."""
+    home = tmp_path_factory.mktemp("user-home")  # not in tmp_path, which some tests check stays empty
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def kept(private_apsi_home: Path) -> Callable[[], None]:
     """A store entry made before the bad value; returns the check that it is still there once the value is gone."""
@@ -103,11 +112,13 @@ def test_a_bad_folder_is_an_error_naming_its_variable(variable, case, tmp_path, 
 
 
 @pytest.mark.parametrize("variable", FOLDERS)
-def test_an_empty_folder_variable_means_the_default(variable, tmp_path, monkeypatch, kept):
+def test_an_empty_folder_variable_means_the_default(variable, tmp_path, monkeypatch, kept, user_home):
     monkeypatch.chdir(tmp_path)
     os.environ[variable] = ""
     use(variable)
     assert list(tmp_path.iterdir()) == [], "not the working folder"
+    if variable == "APSI_HOME":
+        assert (user_home / ".apsi").is_dir(), "the default, ~/.apsi"
     kept()
 
 

@@ -167,16 +167,17 @@ def pressure_cause(level: Level, free_fraction: float, some: float | None = None
     return " and ".join(_stays(row, free_fraction, some_pct, full_pct)) + " (held)"
 
 
+# Stalls read host-wide (``/proc/pressure/memory``: v1 hosts, hybrid hosts without the group's own file, the v2 root
+# group) are every group's stalls at once: tenants thrashing at their own limits show there on a host with most of
+# its RAM free. They count, limit or not, only while the host itself is short of memory (moderate's free threshold):
+# then the stalls may well be ours, and the whole host's memory is at stake. Once counted they go on counting until
+# the host is past moderate's leave threshold, so a host hovering at the gate does not flap between levels.
+HOST_SHORT_FREE = LEVEL_TABLE[Level.MODERATE].enter_free
 
-# Stalls read host-wide (``/proc/pressure/memory``: v1 hosts, hybrid hosts without the group's own file) are every
-# group's stalls at once: a thrashing group elsewhere shows there too. A group with its own limit and no stall file
-# of its own counts them only when the host itself is short of memory (free at or below moderate's threshold):
-# then the stalls may well be its own, and the whole host's memory is at stake.
-HOST_SHORT_FREE = 0.30
 
-
-def host_stalls_count(host_wide: bool, group_limited: bool, host_free_fraction: float) -> bool:
-    """Whether PSI stalls count toward the level: always when they are the group's own (or there is no group
-    limit: the host is what there is); host-wide stalls under a group limit only when the host's free fraction is
-    at or below ``HOST_SHORT_FREE``."""
-    return not (host_wide and group_limited) or host_free_fraction <= HOST_SHORT_FREE
+def host_stalls_count(host_wide: bool, host_free_fraction: float, *, previous: Level = Level.OK) -> bool:
+    """Whether PSI stalls count toward the level: always when they are the group's own; host-wide ones only while
+    the host's free fraction is at or below ``HOST_SHORT_FREE`` (moderate's ``leave_free`` once ``previous`` is
+    above ``ok``)."""
+    gate = HOST_SHORT_FREE if previous == Level.OK else LEVEL_TABLE[Level.MODERATE].leave_free
+    return not host_wide or host_free_fraction <= gate

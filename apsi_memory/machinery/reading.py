@@ -231,8 +231,8 @@ class Pressure(Reading):
       ``some``/``full``/``psi_source`` are ``None`` where the kernel has no PSI, never 0;
     * ``cause``: the signal(s) past the level's thresholds, e.g. ``some ≥ 5 %`` (``None`` at ``ok``);
     * ``psi_problem``: why stalls are not available although a PSI file is there (it could not be parsed);
-    * ``stalls_ignored``: why ``some``/``full`` did not count toward the level: they are the host's, the group has
-      its own limit, and the host is not short of memory (``decide.host_stalls_count``); None when they counted.
+    * ``stalls_ignored``: why ``some``/``full`` did not count toward the level: they are the host's and the host is
+      not short of memory, limit or not (``decide.host_stalls_count``); None when they counted.
     """
 
     level: Level
@@ -261,18 +261,18 @@ def pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
     fraction = reading.free / reading.usable if reading.usable else 0.0
     psi = reading.psi
     some, full, source = (None, None, None) if psi is None else (psi.some, psi.full, psi.source)
-    ignored = _stalls_ignored(reading)
+    ignored = _stalls_ignored(reading, previous)
     counted_some, counted_full = (None, None) if ignored else (some, full)
     level = pressure_level(fraction, counted_some, counted_full, previous)
     return Pressure(level, reading.free, reading.usable, fraction, some, full, source,
                     pressure_cause(level, fraction, counted_some, counted_full), reading.psi_problem, ignored)
 
 
-def _stalls_ignored(reading: MemoryReading) -> str | None:
+def _stalls_ignored(reading: MemoryReading, previous: Level) -> str | None:
     if reading.psi is None:
         return None
     host = reading.host
     host_free = host.available / host.total if host.total else 0.0
-    if host_stalls_count(reading.psi.host_wide, reading.limited, host_free):
+    if host_stalls_count(reading.psi.host_wide, host_free, previous=previous):
         return None
-    return f"host-wide, not counted: the group has its own limit and the host has {host_free:.0%} free"
+    return f"host-wide, not counted: the host has {host_free:.0%} free"
