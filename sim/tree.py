@@ -5,7 +5,8 @@ their ``root`` argument (or ``APSI_FS_ROOT`` for a subprocess), exactly as they 
 at the bottom build the machines users run on: a bare host, Docker on cgroup v1, a Kubernetes pod on v2, a systemd
 slice whose parent has the smaller limit, a cgroup namespace, a hybrid v1+v2 host, PSI disabled, v1 with 64 KiB
 pages, a service without the memory controller under a limited slice, a process outside the reader's cgroup
-namespace, a group that is not under its mount's root, and v1 with ``memory.use_hierarchy`` 0.
+namespace, a group that is not under its mount's root, v1 with ``memory.use_hierarchy`` 0, and children of one
+limited parent (v1 and v2).
 """
 
 from __future__ import annotations
@@ -254,3 +255,20 @@ def group_not_under_mount_root(root: str | os.PathLike[str], limit: int = 1 * Gi
     tree = _machine(root).mount("/sys/fs/cgroup/memory", "cgroup", "memory", root="/docker/3f2a")
     tree.member("4:memory:/system.slice/other.service")
     return tree.v1_group("/sys/fs/cgroup/memory", limit=limit, usage=100 * MiB)
+
+
+def nested(root: str | os.PathLike[str], version: int, child: str, child_limit: int | None = None,
+           parent_limit: int | None = 2 * GiB, child_usage: int = 256 * MiB) -> SimTree:
+    """A process in ``/batch/<child>`` (a Slurm step, a container of a pod, a service of a slice) whose parent
+    ``/batch`` has the 2 GiB limit; the child has ``child_limit`` of its own (None: none). Trees for two children
+    differ only in ``/proc/self/cgroup`` and the child's files: they stand for two processes of one machine."""
+    tree = _machine(root, total=16 * GiB, available=12 * GiB)
+    top, group = "/sys/fs/cgroup/memory" if version == 1 else "/sys/fs/cgroup", f"/batch/{child}"
+    if version == 1:
+        tree.mount(top, "cgroup", "memory").member(f"4:memory:{group}").v1_group(top)
+        tree.v1_group(f"{top}/batch", parent_limit, 2 * child_usage)
+        inherited = min(x for x in (child_limit, parent_limit, v1_unlimited()) if x is not None)
+        return tree.v1_group(f"{top}{group}", child_limit, child_usage, hierarchical_limit=inherited)
+    tree.mount(top, "cgroup2", "nsdelegate").member(f"0::{group}")
+    tree.v2_group(f"{top}/batch", parent_limit, current=2 * child_usage)
+    return tree.v2_group(f"{top}{group}", child_limit, current=child_usage)

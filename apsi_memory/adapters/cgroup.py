@@ -1,4 +1,5 @@
-"""The process's memory cgroup (v1, v2, or hybrid), its smallest limit up the hierarchy, and its working set.
+"""The process's memory cgroup (v1, v2, or hybrid), its smallest limit up the hierarchy, the group whose limit that
+is (the binding group: the processes under it share one reservation ledger), and its working set.
 
 The group is found the way the kernel describes it — ``/proc/self/cgroup`` gives the path, ``/proc/self/mountinfo``
 where that hierarchy is mounted and which part of it (a container sees its own group as the mount's root) — not
@@ -12,7 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..decide import V1_LIMIT_FILES, V1_STAT_LIMIT, V2_LIMIT_FILES, GroupLevel, charged_levels, combine_levels
+from ..decide import (
+    V1_LIMIT_FILES,
+    V1_STAT_LIMIT,
+    V2_LIMIT_FILES,
+    GroupLevel,
+    binding_level,
+    charged_levels,
+    combine_levels,
+    smallest_limit,
+)
 from ..errors import CorruptFileError
 from .files import KernelFiles
 from .procfs import CgroupEntry, Mount, parse_mountinfo, parse_self_cgroup
@@ -28,6 +38,7 @@ class CgroupMemory:
     working_set: int  # usage minus inactive file cache, clamped to [0, limit]
     free: int | None  # smallest headroom up the hierarchy; None when unlimited
     guessed: bool = False  # the group is not below any mount's root: read at the mount point (the JVM's choice)
+    binding: str | None = None  # the level whose limit binds (``decide.binding_level``), as ``directory``; None: none
 
 
 # -- pure parsing --------------------------------------------------------------------------------------------------
@@ -170,6 +181,7 @@ V2 = _Files(V2_LIMIT_FILES, "memory.current", ("inactive_file",), None)
 class _LevelPaths:
     """The files of one level, joined once per layout rather than on every reading."""
 
+    directory: str
     stat: str
     limits: tuple[str, ...]
     usage: str
@@ -177,7 +189,7 @@ class _LevelPaths:
 
 
 def _level_paths(files: _Files, directory: str) -> _LevelPaths:
-    return _LevelPaths(os.path.join(directory, "memory.stat"),
+    return _LevelPaths(directory, os.path.join(directory, "memory.stat"),
                        tuple(os.path.join(directory, name) for name in files.limits),
                        os.path.join(directory, files.usage),
                        None if files.hierarchy is None else os.path.join(directory, files.hierarchy))
@@ -274,8 +286,13 @@ def read_cgroup_memory(physical: int, source: KernelFiles, layout: Layout) -> Cg
             problem = problem or found.problem
             continue
         levels = layout.charged_paths(version, source)
-        group = combine_levels([_read_level(source, files, paths) for paths in levels], physical)
+        read = [_read_level(source, files, paths) for paths in levels]
+        group = combine_levels(read, physical)
         if group is not None:
+            # A level's own limits come first in its ``limits``; the one kept in memory.stat is inherited.
+            own = [smallest_limit(level.limits[:len(files.limits)], physical)[0] for level in read]
+            at = binding_level(own, group.limit)
             return CgroupMemory(version, found.entry.path, found.directory, group.limit, group.limit_file,
-                                group.working_set, group.free, found.guessed)
+                                group.working_set, group.free, found.guessed,
+                                None if at is None else levels[at].directory)
     return problem

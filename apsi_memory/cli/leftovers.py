@@ -1,4 +1,5 @@
-"""``apsi-memory spill | stores | clean``: the files the library keeps (see ``inventory``), each with ``--json``."""
+"""``apsi-memory spill | stores | clean``: the files the library keeps (see ``inventory``; the reservation ledgers'
+files: ``machinery.ledgers``), each with ``--json``."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
+from ..errors import ApsiMemoryError
+from ..machinery import ledgers
+from ..machinery.machines import machine
+from ..machinery.reading import MemoryReading
 from ..system import paths
 from ..units import fmt_size
 from . import inventory
@@ -41,12 +47,14 @@ def fail(who: str, error: BaseException, as_json: bool) -> int:
 
 def add_commands(sub: Any) -> None:
     """Add the three commands to the main parser's subparsers."""
-    add_json_commands(sub, (("spill", "spill files: owner pid, alive or not, size, age, total"),
+    spill = "spill files: owner pid, alive or not, size, age, total; ledger files: group, live slots, size"
+    clean = "remove this user's spill files whose owner is dead and ledger files no live process holds"
+    add_json_commands(sub, (("spill", spill),
                             ("stores", "each store under the store folder: entries, bytes on the SSD, path"),
-                            ("clean", "remove this user's spill files whose owner is dead")), "print one JSON object")
-    clean = sub.choices["clean"]
-    clean.add_argument("--dry-run", action="store_true", help="only say what would be removed")
-    clean.add_argument("--store", metavar="NAME", help="also remove every entry of the store NAME")
+                            ("clean", clean)), "print one JSON object")
+    cleaning = sub.choices["clean"]
+    cleaning.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    cleaning.add_argument("--store", metavar="NAME", help="also remove every entry of the store NAME")
 
 
 def _spill(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,8 +65,22 @@ def _spill(args: argparse.Namespace) -> dict[str, Any]:
         dead = sum(not f.alive for f in files)
         print(f"{counted(len(files), 'spill file')}, {fmt_size(sum(f.size_bytes for f in files))} in total, {dead} of dead "
               f"owners, in {paths.display(paths.spill_dir())}")
+    found = ledgers.ledger_files(_own_reading())
+    if not args.json:
+        for ledger in found:
+            print(ledger)
+        print(f"{counted(len(found), 'ledger file')}, {sum(f.live_slots == 0 for f in found)} with no live slot")
     return {"folder": paths.spill_dir(), "files": [inventory.as_dict(f) for f in files],
-            "total_bytes": sum(f.size_bytes for f in files)}
+            "total_bytes": sum(f.size_bytes for f in files), "ledgers": [asdict(f) for f in found]}
+
+
+def _own_reading() -> MemoryReading | None:
+    """This process's memory reading, to name the ledgers' groups; None where it cannot be read (the groups are
+    then unnamed, and the files are still listed and cleaned)."""
+    try:
+        return machine().memory()
+    except ApsiMemoryError:
+        return None
 
 
 def _stores(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,15 +98,19 @@ def _clean(args: argparse.Namespace) -> dict[str, Any]:
     # the store first: a name that is not one (even '') is an error before anything is removed
     cleared = None if args.store is None else inventory.clear_store(args.store, dry_run=args.dry_run)
     removed = inventory.clean_spill(dry_run=args.dry_run)
+    gone = ledgers.clean_ledgers(_own_reading(), dry_run=args.dry_run)
     if not args.json:
         for f in removed:
             print(f"{verb} {paths.display(f.path)} ({fmt_size(f.size_bytes)}, pid {f.pid} dead)")
         print(f"{verb} {counted(len(removed), 'spill file')} of dead owners ({fmt_size(sum(f.size_bytes for f in removed))})")
+        for ledger in gone:
+            print(f"{verb} {paths.display(ledger.path)} (ledger of {ledger.group}, no live slot)")
+        print(f"{verb} {counted(len(gone), 'ledger file')} with no live slot")
         if cleared is not None:
             print(f"{'would clear' if args.dry_run else 'cleared'} store {cleared.name}: "
                   f"{counted(cleared.entries or 0, 'entry')}")
     return {"dry_run": args.dry_run, "spill_files": [inventory.as_dict(f) for f in removed],
-            "store": None if cleared is None else inventory.as_dict(cleared)}
+            "store": None if cleared is None else inventory.as_dict(cleared), "ledgers": [asdict(f) for f in gone]}
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

@@ -177,6 +177,17 @@ def combine_levels(levels: Sequence[GroupLevel], physical: int) -> GroupMemory |
     return GroupMemory(limit, limit_file, nearest, free)
 
 
+def binding_level(own_limits: Sequence[int | None], limit: int | None) -> int | None:
+    """Which level, from the group up, binds (whose siblings share one ledger): the outermost whose own limit is
+    ``limit``, the smallest up the hierarchy, since the groups under it share its memory even where their own
+    limits equal it; the top level seen where no level's own limit is it (v1's ``hierarchical_memory_limit``
+    brings a limit from above a container's mount root); None without a limit. ``own_limits``: each level's own
+    smallest effective limit (None for none), not the one it inherits."""
+    if limit is None or not own_limits:
+        return None
+    return max((at for at, own in enumerate(own_limits) if own == limit), default=len(own_limits) - 1)
+
+
 def charged_levels(use_hierarchy: Sequence[bool]) -> int:
     """cgroup v1: how many levels, from the group up, a charge reaches, and so whose limits and headroom count.
     ``use_hierarchy`` holds each level's ``memory.use_hierarchy`` from the group up. A parent with it at 0 (possible

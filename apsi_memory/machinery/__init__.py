@@ -4,7 +4,8 @@ the module-level readings (``memory.limits()``, ``budget()``, ``pressure()``, ``
 ``siblings()``); ``reading`` takes one reading of the kernel's files and gives ``Limits``, ``Pressure``,
 ``Budget`` and ``SiblingReading``; ``tracker`` re-measures the level at most twice a second and tells the
 components of a change; ``held`` is the running total of RAM our arrays hold; ``reservations`` is the ledger the
-processes of one memory group share; ``watcher`` is ``on_pressure`` and ``relieve``.
+processes of one memory group share, ``ledgers`` its files as the command line lists and cleans them;
+``watcher`` is ``on_pressure`` and ``relieve``.
 
 May import: decide, system, adapters.
 """

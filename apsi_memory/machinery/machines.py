@@ -134,7 +134,8 @@ class Machine:
         """The other processes of this user in this memory group (``siblings()``)."""
         if self.siblings is None:
             return SiblingReading()
-        return self.siblings.read(group_key(reading or self.memory()), exact)
+        reading = reading or self.memory()
+        return self.siblings.read(group_key(reading), exact, cap=reading.usable)  # a claim above it is nonsense
 
     def pressure(self) -> Pressure:
         """Measure now; the level uses the last one for hysteresis and the components hear of a change."""

@@ -14,104 +14,77 @@ applies), named ``reservations-<hash>``, in ``APSI_LEDGER_DIR`` where set, else 
 ``~/.apsi/run`` that is (or can be made) a folder of this user that nobody else may write (``trust``). Each user
 has their own: several users in one container see each other only through the kernel's numbers.
 
-The file has ``SLOTS`` fixed-size slots, one per process. A process claims a free or dead slot with an
-open-file-description record lock on the slot's bytes (``F_OFD_SETLK``; POSIX ``lockf`` off Linux), held for its
-life, and rewrites its record there with one ``pwrite``: pid, start time, bytes reserved, bytes of RAM arrays held,
-its anonymous RSS then, and a CRC-32. A reader takes the whole file with one ``pread``: no lock it waits on, so a
-stopped or dead writer cannot hold it up. A forked child closes the descriptors it inherited (a fork hook), so
-the parent's slot dies with the parent.
+The file has ``SLOTS`` fixed-size slots, one per process, each held with a record lock for the process's life;
+a reader takes the whole file with one ``pread`` and waits on no lock (``slots`` says how, and who leaves when).
 
 Nothing stale can lie
 ---------------------
 * A dead process (SIGKILL, OOM kill) stops counting at once: the kernel drops its lock when it dies, and a reader
-  asks about the lock of each used slot (``F_OFD_GETLK``, one system call). Off Linux, the record's pid and start
-  time are checked instead (``processes.owner_alive``).
+  asks about the lock of each used slot (``F_OFD_GETLK``, one system call), and clears the slot. Off Linux, the
+  record's pid and start time are checked instead (``processes.owner_alive``). A lock that outlived its owner (in
+  a child forked without Python's hooks) is seen through the owner's ``statm``: a process is ``(pid, start)``
+  everywhere, so a recycled pid is never taken for the process that published.
 * A reservation shrinks as its owner's pages are charged: the reader takes away the owner's growth in anonymous
   RSS since it published (``/proc/<pid>/statm``, kept open). Chosen over the owner updating as it writes because
   NumPy writes never pass through the library: only the kernel knows, and it says so at once. Any page the owner
-  touched is charged to the group, so free memory fell by as much as the figure shrank.
-* A record that does not check (a torn write, a foreign file) is read once more, then ignored with its reason
-  (``SiblingReading.ignored``), never trusted.
+  touched is charged to the group, so free memory fell by as much as the figure shrank. A claim above the group's
+  usable memory is nonsense: counted as that much, and said once (WARNING).
+* A used slot that does not check (a torn write, a foreign file, a flipped byte) is read once more, then ignored
+  with its reason (``SiblingReading.ignored``), never trusted; while its lock is held, a WARNING names the slot.
+* Any error of the ledger's file (a full disk, EACCES, EROFS, EIO, a file that cannot be made whole): one WARNING
+  on ``apsi_memory.siblings`` naming the file and the errno, and the process goes on as with no siblings.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
-import fcntl
-import hashlib
 import logging
 import os
-import struct
-import sys
+import re
 import threading
+import time
 import weakref
-import zlib
 from collections.abc import Callable
-from typing import NamedTuple
 
-from ..adapters.processes import owner_alive, process_start
 from ..errors import UnsafePathError
 from ..system import paths, trust
-from ..system.once import fork_hooks
+from ..system.once import each, fork_hooks, once
 from .reading import MemoryReading, SiblingReading
+from .slots import (
+    FILE_BYTES,
+    FREE,
+    MAGIC,  # noqa: F401  (re-exported, as parse_record: the ledger's names before ``slots`` was split off)
+    SLOT_BYTES,
+    SLOTS,
+    Parsed,
+    Record,
+    Statm,
+    clear,
+    lock,
+    names,
+    outstanding,
+    pack_record,
+    parse_record,  # noqa: F401
+    remove_if_unused,
+    start_ticks,
+    unlock,
+)
+from .slots import held as slot_held
 
 log = logging.getLogger("apsi_memory.siblings")  # the documented logger name (docs: "What it logs")
+CHECK_EVERY = 1.0  # seconds: how often a process holding a slot asks whether its file was removed or replaced
 
-MAGIC = b"APR1"  # the format's version is in it: a record of another version is ignored, never misread
-_FORMAT = struct.Struct("<4sIQQQQ")  # magic, pid, start, reserved, held, rss at publishing
-_CRC = struct.Struct("<I")
-SLOT_BYTES = 48  # the record, its CRC, and room to spare
-SLOTS = 128  # 6 KiB a group: read with one pread
-FILE_BYTES = SLOT_BYTES * SLOTS
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_FLOCK = struct.Struct("=hh4xqqi4x")  # Linux's struct flock on 64-bit: type, whence, start, len, pid
-_OFD = sys.platform.startswith("linux") and _FLOCK.size == 32 and struct.calcsize("P") == 8
-_OFD_GETLK, _OFD_SETLK = getattr(fcntl, "F_OFD_GETLK", 36), getattr(fcntl, "F_OFD_SETLK", 37)
-
-
-class Record(NamedTuple):
-    pid: int
-    start: int  # clock ticks since boot (``/proc/<pid>/stat``); 0 where unknown
-    reserved: int  # bytes placed in RAM and not written yet (at most)
-    held: int  # bytes of RAM arrays the process holds
-    rss: int  # its anonymous RSS when it published
-
-
-# -- records (pure) ----------------------------------------------------------------------------------------------
-
-def pack_record(record: Record) -> bytes:
-    body = _FORMAT.pack(MAGIC, *record)
-    return (body + _CRC.pack(zlib.crc32(body))).ljust(SLOT_BYTES, b"\0")
-
-
-def parse_record(data: bytes, offset: int = 0) -> Record | str:
-    """The record at ``offset``, or why it is not one (the reason a reader logs)."""
-    if len(data) < offset + _FORMAT.size + _CRC.size:
-        return "cut short"
-    body = data[offset:offset + _FORMAT.size]
-    (crc,) = _CRC.unpack_from(data, offset + _FORMAT.size)
-    if body[:4] != MAGIC:
-        return "not a record of this version"
-    if zlib.crc32(body) != crc:
-        return "checksum does not match (torn or foreign)"
-    return Record(*_FORMAT.unpack(body)[1:])
-
-
-def outstanding(reserved: int, rss_then: int, rss_now: int | None) -> int:
-    """What is still uncharged of ``reserved``: less the owner's RSS growth since it published (all of it when the
-    RSS cannot be read)."""
-    if rss_now is None:
-        return reserved
-    return max(0, reserved - max(0, rss_now - rss_then))
+_USED = re.compile(rb"[^\x00]")  # a used slot has a byte that is not zero
 
 
 def group_key(reading: MemoryReading) -> str:
-    """The file name for the group ``reading`` is limited by (``host`` without a limit)."""
-    if not reading.limited or reading.cgroup is None:
+    """The file name for the group whose limit binds ``reading``'s process (``CgroupMemory.binding``: processes
+    in child groups of one limited parent share the parent's memory, so its ledger); ``host`` without a limit."""
+    if not reading.limited or reading.cgroup is None or reading.cgroup.binding is None:
         return "reservations-host"
-    name = f"v{reading.cgroup.version}:{reading.cgroup.directory}"
-    return "reservations-" + hashlib.sha256(name.encode()).hexdigest()[:24]
+    return paths.ledger_name(reading.cgroup.version, reading.cgroup.binding)
 
 
 # -- where ---------------------------------------------------------------------------------------------------------
@@ -131,13 +104,13 @@ LEDGER_DIR_ENV = "APSI_LEDGER_DIR"
 
 
 def candidate_dirs() -> list[str]:
-    """``APSI_LEDGER_DIR`` alone where set; else ``/dev/shm/apsi-<uid>``, ``$XDG_RUNTIME_DIR/apsi``, ``~/.apsi/run``."""
+    """``APSI_LEDGER_DIR`` alone where set; else ``/dev/shm/apsi-<uid>``, ``paths.runtime_dir()/apsi``, ``~/.apsi/run``."""
     chosen = paths.env_folder(LEDGER_DIR_ENV, "")  # the rules of the other folders: empty unset, relative refused
     if chosen:
         return [chosen]
     uid = os.geteuid()
     found = [f"/dev/shm/apsi-{uid}"] if os.path.isdir("/dev/shm") else []
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    runtime = paths.runtime_dir()  # a relative XDG_RUNTIME_DIR is ignored, as the XDG spec says
     if runtime:
         found.append(os.path.join(runtime, "apsi"))
     return [*found, os.path.join(paths.apsi_home(), "run")]
@@ -154,136 +127,152 @@ def _open_folder(candidates: list[str]) -> tuple[int, str] | None:
     return None
 
 
-class _Statm:
-    """``/proc/<pid>/statm`` kept open per process seen (re-read with ``pread``): the descriptor stays with that
-    process, so a recycled pid is never read in its stead."""
-
-    def __init__(self) -> None:
-        self.fds: dict[int, int] = {}
-
-    def anon_rss(self, pid: int) -> int | None:
-        fd = self.fds.get(pid)
-        if fd is None:
-            try:
-                fd = self.fds[pid] = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return None
-        try:
-            words = os.pread(fd, 128, 0).split(None, 3)
-            return (int(words[1]) - int(words[2])) * _PAGE  # resident less file-backed and shared pages
-        except (OSError, IndexError, ValueError):
-            return None
-
-    def keep_only(self, pids: set[int]) -> None:
-        for pid in [p for p in self.fds if p not in pids]:
-            os.close(self.fds.pop(pid))
-
-
-def _lock(fd: int, slot: int) -> bool:
-    """Take slot ``slot``'s lock for this open file; False when another holds it."""
-    try:
-        if _OFD:
-            fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot * SLOT_BYTES, SLOT_BYTES, 0))
-        else:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, SLOT_BYTES, slot * SLOT_BYTES)
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EAGAIN):
-            return False
-        raise
-    return True
-
-
-def _clear(fd: int, slot: int, raw: bytes) -> None:
-    """Zero a dead process's slot, so that readings which do not ask about locks stop counting it: only while
-    holding its lock (a process claiming it meanwhile takes another), and only if it still holds that record."""
-    with contextlib.suppress(OSError):
-        if _lock(fd, slot):
-            try:
-                if os.pread(fd, SLOT_BYTES, slot * SLOT_BYTES) == raw:
-                    os.pwrite(fd, bytes(SLOT_BYTES), slot * SLOT_BYTES)
-            finally:
-                _unlock(fd, slot)
-
-
-def _unlock(fd: int, slot: int) -> None:
-    if _OFD:
-        fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, slot * SLOT_BYTES, SLOT_BYTES, 0))
-    else:
-        fcntl.lockf(fd, fcntl.LOCK_UN, SLOT_BYTES, slot * SLOT_BYTES)
-
-
-_QUERIES = [_FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, slot * SLOT_BYTES, SLOT_BYTES, 0) for slot in range(SLOTS)]
-_UNLOCKED = struct.pack("=h", fcntl.F_UNLCK)
-
-
-def _alive(fd: int, at: int, record: Record) -> bool:
-    """Whether the slot at ``at`` is held: its lock (Linux), else its record's process still runs."""
-    if _OFD:
-        return fcntl.fcntl(fd, _OFD_GETLK, _QUERIES[at // SLOT_BYTES])[:2] != _UNLOCKED
-    return owner_alive(record.pid, str(record.start) if record.start else "0")
-
-
 # -- the ledger ----------------------------------------------------------------------------------------------------
 
 class Siblings:
     """This process's view of, and entry in, the reservation ledger of its memory group (see the module
     docstring). ``directories``: where to look for a safe folder (default ``candidate_dirs()``). A process has
-    one (``shared()``); tests make several, each standing for a process: ``pid`` is then written in its record,
-    and ``anon_rss(pid)`` stands for ``/proc/<pid>/statm``."""
+    one (``shared()``); tests make several, each standing for a process: ``pid`` (and ``start``, else 0: then the
+    slot's lock alone says it lives) is then written in its record, ``anon_rss(pid)`` stands for
+    ``/proc/<pid>/statm``, and ``root`` for the folder ``proc/`` is read under.
+
+    ``on_step``: called with ``"published"`` after ``reserve`` and ``"read"`` after ``read``, so that a test can
+    run another placement between the two steps of one (None: nothing called)."""
 
     def __init__(self, directories: list[str] | None = None, pid: int | None = None,
-                 anon_rss: Callable[[int], int | None] | None = None) -> None:
+                 anon_rss: Callable[[int], int | None] | None = None, start: int | None = None,
+                 root: str = "/") -> None:
         self._directories = directories
-        self._given_pid = pid
-        self._given_rss = anon_rss
+        self._given = (pid, start if start is not None else (0 if pid else None), anon_rss)
+        self._root = root
+        self.on_step: Callable[[str], None] | None = None
         self._lock = threading.RLock()  # reentrant: a garbage-collected array may publish from inside a publish
         self._reset()
         _instances.add(self)
 
     def _reset(self) -> None:
         self._real_pid = os.getpid()  # a forked child has no slot and no record of its own: it starts afresh
-        self._pid = self._given_pid or self._real_pid
+        pid, self._start, rss = self._given
+        self._pid = pid or self._real_pid
         self._folder: tuple[int, str] | None | bool = False  # False: not looked for yet; None: no safe folder
-        self._files: dict[str, int] = {}
+        self._files: dict[str, tuple[int, tuple[int, int]]] = {}  # key -> descriptor, (device, inode) opened
+        self._off: set[str] = set()  # files given up on, each after one WARNING: as with no ledger
+        self._said: set[object] = set()  # what was warned about already: once each
         self._slot: int | None = None
         self._key: str | None = None
+        self._check_at = 0.0  # when to ask again whether our slot's file is still the one named
         self._mine = Record(self._pid, 0, 0, 0, 0)
-        self._statm = _Statm()
-        self._parsed: dict[bytes, Record] = {}
-        self._rough = ("", b"", SiblingReading())  # the group, the others' bytes, and the upper bound read from them
-        self._rss = self._given_rss or self._statm.anon_rss
+        self._statm = Statm(self._root)
+        self._parsed = Parsed()
+        self._rough: tuple[object, bytes, SiblingReading] = ("", b"", SiblingReading())  # (key, cap), bytes, bound
+        self._rss: Callable[[int, int], int | None] = (
+            self._statm.anon_rss if rss is None else lambda pid, start: rss(pid))
 
     def _check_fork(self) -> None:
-        if self._real_pid != os.getpid():
-            self.close()
+        if self._real_pid != os.getpid():  # getpid asks the kernel: a fork without Python's hooks is seen too
+            self._forget()
+
+    def _forget(self) -> None:
+        """Close this entry's descriptors without writing or unlocking: a forked child's copies share the
+        parent's locks and slot, which stay the parent's."""
+        for fd, _ in self._files.values():
+            os.close(fd)
+        self._statm.close()
+        if isinstance(self._folder, tuple):
+            os.close(self._folder[0])
+        self._reset()
 
     def close(self) -> None:
-        """Close this entry's files: its slot is free for another (as when the process dies)."""
+        """Leave the ledgers: this entry's slot is zeroed and free for another, and a file no live process
+        uses any more is removed (in a forked child: only its copies of the descriptors are closed)."""
         with self._lock:
-            for fd in [*self._files.values(), *self._statm.fds.values()]:
-                os.close(fd)
-            if isinstance(self._folder, tuple):
-                os.close(self._folder[0])
-            self._reset()
+            if self._real_pid == os.getpid():
+                with contextlib.suppress(OSError):
+                    self._leave()
+                for key in list(self._files):
+                    self._drop(key, remove=True)
+            self._forget()
+
+    def _give_up(self, key: str, exc: OSError) -> None:
+        """Any ledger problem (a full disk, EACCES, EROFS, EIO, a file that cannot be made whole): one WARNING
+        naming the file and the errno, then this process goes on without that file, as with no siblings."""
+        if key == self._key:
+            with contextlib.suppress(OSError):
+                self._leave()  # so that no reader counts a record this process can no longer keep right
+        if key not in self._off:
+            code = errno.errorcode.get(exc.errno or 0, "no errno")
+            log.warning("reservation ledger %s: %s (%s); this process goes on without it, as with no siblings",
+                        self.path(key) or key, code, exc.strerror or exc)
+        self._off.add(key)
+        self._drop(key)
+
+    def _say(self, what: object, message: str, *args: object) -> None:
+        if what not in self._said:
+            self._said = self._said if len(self._said) < 4 * SLOTS else set()
+            self._said.add(what)
+            log.warning(message, *args)
+
+    # -- the file ------------------------------------------------------------------------------------------------
 
     def _file(self, key: str) -> int | None:
+        if key in self._off:
+            return None
         if self._folder is False:
             _close_in_children()  # registered on first use, never at import
+            _leave_at_exit()
             self._folder = _open_folder(self._directories or candidate_dirs())
         if not isinstance(self._folder, tuple):
             return None
-        fd = self._files.get(key)
-        if fd is None:
-            try:
-                fd = trust.open_file(key, os.O_RDWR | os.O_CREAT, dir_fd=self._folder[0],
-                                     shown=os.path.join(self._folder[1], key))
-            except (UnsafePathError, OSError) as exc:
-                log.info("reservation ledger: %s", exc)
-                return None
-            if os.fstat(fd).st_size < FILE_BYTES:
-                os.ftruncate(fd, FILE_BYTES)  # racing creators truncate to the same size: nothing is lost
-            self._files[key] = fd
+        known = self._files.get(key)
+        if known is not None and self._still(key, known[1]):
+            return known[0]
+        if known is not None:  # removed by its last user, or replaced: this process's record goes to the new one
+            log.info("reservation ledger %s was removed or replaced: reopened", self.path(key))
+            self._drop(key)
+        fd = self._open(key, self._folder)
+        if known is not None and key == self._key and (self._mine.reserved or self._mine.held):
+            self._write(key, fd)
         return fd
+
+    def _open(self, key: str, folder: tuple[int, str]) -> int:
+        fd = trust.open_file(key, os.O_RDWR | os.O_CREAT, dir_fd=folder[0], shown=os.path.join(folder[1], key))
+        try:
+            found = os.fstat(fd)
+            if found.st_size < FILE_BYTES:
+                os.ftruncate(fd, FILE_BYTES)  # racing creators truncate to the same size: nothing is lost
+        except OSError:
+            os.close(fd)
+            raise
+        self._files[key] = (fd, (found.st_dev, found.st_ino))
+        self._check_at = time.monotonic() + CHECK_EVERY
+        return fd
+
+    def _still(self, key: str, opened: tuple[int, int]) -> bool:
+        """Whether ``key`` still names the file opened: asked at once where this process holds no slot in it, else
+        at most every ``CHECK_EVERY`` seconds (only someone else removes a file in which a live slot remains)."""
+        now = time.monotonic()
+        if key == self._key and self._slot is not None and now < self._check_at:
+            return True
+        self._check_at = now + CHECK_EVERY
+        return self._current(key, opened)
+
+    def _current(self, key: str, opened: tuple[int, int]) -> bool:
+        """Whether ``key`` still names the file opened (one ``fstatat``)."""
+        assert isinstance(self._folder, tuple)
+        return names(self._folder[0], key, opened)
+
+    def _drop(self, key: str, remove: bool = False) -> None:
+        """Close ``key``'s file (its slot's lock goes with it); ``remove``: first remove it if it is the last."""
+        known = self._files.pop(key, None)
+        if key == self._key:
+            self._slot = None
+        if known is None:
+            return
+        if remove and isinstance(self._folder, tuple):
+            with contextlib.suppress(OSError):
+                remove_if_unused(self._folder[0], key, *known)
+        with contextlib.suppress(OSError):
+            os.close(known[0])
 
     @property
     def key(self) -> str | None:
@@ -296,142 +285,187 @@ class Siblings:
 
     # -- reading -------------------------------------------------------------------------------------------------
 
-    def read(self, key: str, exact: bool = True) -> SiblingReading:
-        """The other live processes' entries in group ``key``'s ledger: one pread, one ``F_OFD_GETLK`` per used
-        slot, one ``statm`` pread per slot holding a reservation. Not ``exact``: only the pread, every intact
-        record counted in full, alive or not — an upper bound, enough when the answer is RAM even so."""
+    def read(self, key: str, exact: bool = True, cap: int | None = None) -> SiblingReading:
+        """The other live processes' entries in group ``key``'s ledger: one pread, one ``F_OFD_GETLK`` and one
+        ``statm`` pread per used slot. Not ``exact``: only the pread, every intact record counted in full, alive
+        or not — an upper bound, enough when the answer is RAM even so. ``cap``: the group's usable memory; a
+        claim above it is nonsense, counted as ``cap`` (and said once)."""
         with self._lock:
-            self._check_fork()
-            fd = self._file(key)
-            if fd is None:
-                return SiblingReading()
-            data = os.pread(fd, FILE_BYTES, 0)
-            own = self._slot if key == self._key else None
-            if exact:
-                return self._tally(fd, data, own, self.path(key), exact)
-            # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
-            others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
-            if self._rough[:2] != (key, others):
-                self._rough = (key, others, self._tally(fd, data, own, self.path(key), exact))
-            return self._rough[2]
+            found = SiblingReading()
+            try:
+                self._check_fork()
+                found = self._read(key, exact, cap)
+            except OSError as exc:
+                self._give_up(key, exc)
+        if self.on_step is not None:
+            self.on_step("read")
+        return found
 
-    def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool) -> SiblingReading:
+    def _read(self, key: str, exact: bool, cap: int | None) -> SiblingReading:
+        fd = self._file(key)
+        if fd is None:
+            return SiblingReading()
+        data = os.pread(fd, FILE_BYTES, 0)
+        own = self._slot if key == self._key else None  # never our own: its lock is ours, so it would seem dead
+        if exact:
+            return self._tally(fd, data, own, self.path(key), exact, cap)
+        # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
+        others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
+        if self._rough[:2] != ((key, cap), others):
+            self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), exact, cap))
+        return self._rough[2]
+
+    def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool,
+               cap: int | None) -> SiblingReading:
         processes = active = reserved = held = 0
         ignored: list[str] = []
-        seen: set[int] = set()
-        at = data.find(MAGIC)
-        while at >= 0:
-            slot = at // SLOT_BYTES
-            if at % SLOT_BYTES == 0 and slot != own:
-                entry = self._entry(fd, data, at, slot, ignored, exact)
-                if entry is not None:
-                    seen.add(entry.pid)
-                    processes += 1
-                    active += bool(entry.held or entry.reserved)
-                    held += entry.held
-                    if entry.reserved:
-                        rss = self._rss(entry.pid) if exact else None
-                        reserved += outstanding(entry.reserved, entry.rss, rss)
-            at = data.find(MAGIC, (slot + 1) * SLOT_BYTES)
+        seen = {(self._pid, self._mine.start)}
+        used = _USED.search(data)
+        while used:
+            slot = used.start() // SLOT_BYTES
+            entry = None if slot == own else self._entry(fd, data, slot, ignored, exact)
+            if entry is not None:
+                record, rss = entry
+                seen.add((record.pid, record.start))
+                processes += 1
+                active += bool(record.held or record.reserved)
+                held += record.held
+                reserved += self._claim(record, rss, slot, ledger, cap)
+            used = _USED.search(data, (slot + 1) * SLOT_BYTES)
         if exact:
-            self._statm.keep_only(seen | {self._pid})
+            self._statm.keep_only(seen)
         return SiblingReading(processes, active, reserved, held, ledger, tuple(ignored))
 
-    def _entry(self, fd: int, data: bytes, at: int, slot: int, ignored: list[str], exact: bool) -> Record | None:
-        raw = data[at:at + SLOT_BYTES]
-        record = self._checked(fd, raw, at)
+    def _entry(self, fd: int, data: bytes, slot: int, ignored: list[str],
+               exact: bool) -> tuple[Record, int | None] | None:
+        """The live record in ``slot`` and its owner's RSS now (exact only), or None with the reason in
+        ``ignored``: a slot nobody holds is cleared, a live one that does not check is said (WARNING, once)."""
+        raw = data[slot * SLOT_BYTES:(slot + 1) * SLOT_BYTES]
+        record = self._parsed.check(fd, raw, slot * SLOT_BYTES)
         if isinstance(record, str):
+            if exact and not slot_held(fd, slot, Record(0, 0, 0, 0, 0)):
+                clear(fd, slot, raw)
+                return None
             ignored.append(f"slot {slot}: {record}")
+            if exact:  # known to be held: a live process's record lost, said once
+                self._say((slot, raw), "reservation ledger: slot %d is held but holds no record (%s): not "
+                          "counted", slot, record)
             return None
-        if exact and not _alive(fd, at, record):
+        if not exact:
+            return record, None
+        if not slot_held(fd, slot, record):
             ignored.append(f"slot {slot}: pid {record.pid} is gone")
-            _clear(fd, slot, raw)
+            clear(fd, slot, raw)
             return None
-        return record
+        rss = self._rss(record.pid, record.start)
+        if (record.pid, record.start) in self._statm.dead:  # its lock outlived it, in a child forked without hooks
+            ignored.append(f"slot {slot}: pid {record.pid} is gone (a process it forked still holds the slot)")
+            clear(fd, slot, raw, take_lock=False)
+            return None
+        return record, rss
 
-    def _checked(self, fd: int, raw: bytes, at: int) -> Record | str:
-        """The record in ``raw``; a record seen before was checked then: most readings change none."""
-        known = self._parsed.get(raw)
-        if known is not None:
-            return known
-        record = parse_record(raw)
-        if isinstance(record, str):  # perhaps caught mid-write: read that slot once more
-            return parse_record(os.pread(fd, SLOT_BYTES, at))
-        if len(self._parsed) >= 4 * SLOTS:
-            self._parsed.clear()
-        self._parsed[raw] = record
-        return record
+    def _claim(self, record: Record, rss: int | None, slot: int, ledger: str | None, cap: int | None) -> int:
+        claim = outstanding(record.reserved, record.rss, rss) if record.reserved else 0
+        if cap is None or claim <= cap:
+            return claim
+        self._say(("claim", record.pid, record.start), "reservation ledger %s: slot %d (pid %d) claims %d bytes, "
+                  "more than the group's usable memory (%d): nonsense, counted as that", ledger, slot,
+                  record.pid, record.reserved, cap)
+        return cap
 
     # -- publishing ----------------------------------------------------------------------------------------------
 
     def publish(self, key: str, reserved: int, held: int) -> None:
         """Make this process's entry in group ``key``'s ledger say ``reserved`` and ``held`` (as of now's RSS)."""
         with self._lock:
-            self._check_fork()
-            self._publish(key, reserved, held, self._rss(self._pid))
+            try:
+                self._check_fork()
+                self._publish(key, reserved, held, self._own_rss())
+            except OSError as exc:
+                self._give_up(key, exc)
+
+    def _own_rss(self) -> int | None:
+        return self._rss(self._pid, self._mine.start)
 
     def _publish(self, key: str, reserved: int, held: int, rss: int | None) -> None:
         """``rss`` None: read it now."""
-        with self._lock:
-            if key != self._key:
+        if key != self._key:
+            with contextlib.suppress(OSError):
                 self._leave()
-                self._key = key
-            fd = self._file(key)
-            if fd is None or not self._claimed(fd):
+            self._key = key
+        if self._start is None:
+            self._start = start_ticks()
+        self._mine = Record(self._pid, self._start, reserved, held, (self._own_rss() if rss is None else rss) or 0)
+        self._write(key, self._file(key))
+
+    def _write(self, key: str, fd: int | None) -> None:
+        """Write our record in our slot, claiming one first; a file removed between opening and claiming (its
+        last user left) is opened anew, once."""
+        for _ in range(2):
+            claiming = self._slot is None
+            if fd is None or not self._claimed(key, fd):
                 return
             assert self._slot is not None
-            rss = self._rss(self._pid) or 0
-            self._mine = Record(self._pid, self._mine.start or _start_ticks(), reserved, held, rss)
-            os.pwrite(fd, pack_record(self._mine), self._slot * SLOT_BYTES)
+            if not claiming or self._current(key, self._files[key][1]):
+                os.pwrite(fd, pack_record(self._mine), self._slot * SLOT_BYTES)
+                return
+            self._drop(key)
+            fd = self._open(key, self._folder) if isinstance(self._folder, tuple) else None
 
     def reserve(self, key: str, more: int, held: int) -> None:
         """Publish ``more`` bytes reserved on top of what is still outstanding, and ``held``; one RSS reading."""
         with self._lock:
-            self._check_fork()
-            rss = self._rss(self._pid)
-            self._publish(key, outstanding(self._mine.reserved, self._mine.rss, rss) + more, held, rss)
+            try:
+                self._check_fork()
+                rss = self._own_rss()
+                self._publish(key, outstanding(self._mine.reserved, self._mine.rss, rss) + more, held, rss)
+            except OSError as exc:
+                self._give_up(key, exc)
+        if self.on_step is not None:
+            self.on_step("published")
 
     def settle(self, key: str, held: int, less: int = 0) -> None:
         """Publish ``held``, with the reservation less ``less`` and never more than ``held`` (unwritten pages
         are pages held). Kept against the RSS it was published with, which readers still take away: no RSS
         reading, and still never less than what is unwritten."""
         with self._lock:
-            self._check_fork()
-            mine = self._mine
-            self._publish(key, min(held, max(0, mine.reserved - less)), held, mine.rss if mine.reserved else None)
+            try:
+                self._check_fork()
+                mine = self._mine
+                self._publish(key, min(held, max(0, mine.reserved - less)), held,
+                              mine.rss if mine.reserved else None)
+            except OSError as exc:
+                self._give_up(key, exc)
 
     def own_outstanding(self) -> int:
         """What this process's published reservation still stands for (less its RSS growth since)."""
         with self._lock:
             self._check_fork()
-            return outstanding(self._mine.reserved, self._mine.rss, self._rss(self._pid))
+            return outstanding(self._mine.reserved, self._mine.rss, self._own_rss())
 
     def own(self) -> Record:
         return self._mine
 
-    def _claimed(self, fd: int) -> bool:
+    def _claimed(self, key: str, fd: int) -> bool:
         """Hold a slot: a free one, or one whose owner died (the kernel dropped its lock)."""
         if self._slot is not None:
             return True
-        try:
-            self._slot = next((slot for slot in range(SLOTS) if _lock(fd, slot)), None)
-        except OSError as exc:
-            log.info("reservation ledger: cannot lock a slot: %s", exc)
-            return False
+        self._slot = next((slot for slot in range(SLOTS) if lock(fd, slot)), None)
         if self._slot is not None:
             return True
-        log.info("reservation ledger: all %d slots are taken; this process does not publish", SLOTS)
+        self._say(("full", key), "reservation ledger %s: all %d slots are taken; this process reads its siblings "
+                  "but does not publish, so they do not see its arrays", self.path(key), SLOTS)
         return False
 
     def _leave(self) -> None:
         """Give up the slot in the previous group's ledger (the process moved, or its limit came or went)."""
         if self._key is None or self._slot is None:
             return
-        fd = self._files.get(self._key)
-        if fd is not None:
-            os.pwrite(fd, bytes(SLOT_BYTES), self._slot * SLOT_BYTES)
-            _unlock(fd, self._slot)
-        self._slot = None
+        known = self._files.get(self._key)
+        slot, self._slot = self._slot, None
+        if known is not None:
+            os.pwrite(known[0], FREE, slot * SLOT_BYTES)
+            unlock(known[0], slot)
 
 
 _instances: weakref.WeakSet[Siblings] = weakref.WeakSet()
@@ -442,12 +476,21 @@ def _after_fork_in_child() -> None:
     slot is freed when the parent dies even while the child runs on."""
     for siblings in list(_instances):
         siblings._lock = threading.RLock()  # a parent's thread may have held it at the fork
-        siblings.close()
+        siblings._forget()
 
 
 _close_in_children = fork_hooks(after_in_child=_after_fork_in_child)
 
 
-def _start_ticks() -> int:
-    start = process_start(os.getpid())
-    return int(start) if start and start.isdigit() else 0
+@once
+def _leave_at_exit() -> None:
+    """At exit every entry leaves its ledgers, so the last user of a file removes it (registered on first use)."""
+    atexit.register(lambda: each(list(_instances), _close_unless_busy))
+
+
+def _close_unless_busy(siblings: Siblings) -> None:
+    if siblings._lock.acquire(blocking=False):  # a thread stuck inside it must not hold up the exit
+        try:
+            siblings.close()
+        finally:
+            siblings._lock.release()

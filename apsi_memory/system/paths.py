@@ -12,6 +12,7 @@ Nothing here creates a folder: callers that write use ``private_dir`` (0700, cre
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from ..errors import ArgumentError
@@ -33,6 +34,19 @@ def spill_dir() -> str:
 def store_dir() -> str:
     """``APSI_STORE_DIR`` or ``~/.apsi/store``: where named stores live."""
     return env_folder("APSI_STORE_DIR", os.path.join(apsi_home(), "store"))
+
+
+def runtime_dir() -> str | None:
+    """``XDG_RUNTIME_DIR`` where it is an absolute path; None where it is unset, empty or relative (the XDG base
+    directory spec says to ignore a relative one: it would name a folder wherever the program runs)."""
+    value = os.environ.get("XDG_RUNTIME_DIR", "")
+    return os.path.normpath(value) if os.path.isabs(value) else None
+
+
+def ledger_name(version: int, directory: str) -> str:
+    """The reservation ledger's file name for the memory group at ``directory`` (``CgroupMemory.binding``) of
+    cgroup ``version``: a hash, since the folder's path may be long and holds ``/``."""
+    return "reservations-" + hashlib.sha256(f"v{version}:{directory}".encode()).hexdigest()[:24]
 
 
 def env_folder(variable: str, default: str) -> str:

@@ -8,6 +8,7 @@ Also: a sibling SIGKILLed while it holds a 1 GiB reservation stops counting at o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import apsi_memory as memory
+from apsi_memory.machinery.reservations import Siblings
 
 pytestmark = pytest.mark.real
 
@@ -82,3 +84,39 @@ def test_a_sibling_killed_while_holding_a_reservation_stops_counting_at_once(tmp
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_full_ledger_disk_places_arrays_as_with_no_siblings_after_one_warning(tmp_path, monkeypatch, caplog):
+    """A full ``/dev/shm`` (Docker's default is 64 MB; DataLoader workers fill it): a real 64 KiB tmpfs, filled,
+    as the ledger's folder. Before: every ``memory.array`` of 1 MB or more raised ``OSError ENOSPC``."""
+    import logging
+
+    import numpy as np
+
+    mount = tmp_path / f"shm-{os.getpid()}"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
+            while True:  # until ENOSPC
+                f.write(b"\1" * 4096)
+                f.flush()
+        monkeypatch.setenv("APSI_LEDGER_DIR", str(mount))
+        siblings = Siblings()
+        with memory.Machine(siblings=siblings).use():
+            caplog.set_level(logging.INFO, "apsi_memory.siblings")
+            arrays = [memory.array(8 << 20, "uint8") for _ in range(3)]
+            for x in arrays:
+                x[:] = 7
+            said = [r.getMessage() for r in caplog.records
+                    if r.name == "apsi_memory.siblings" and r.levelno == logging.WARNING]
+            print(f"\nfull 64 KiB tmpfs as the ledger: {len(arrays)} arrays made and right, warnings: {said}")
+            assert all(int(np.sum(x, dtype=np.int64)) == 7 * (8 << 20) for x in arrays)
+            assert len(said) == 1 and "ENOSPC" in said[0] and str(mount) in said[0], said
+            assert memory.siblings().ledger is None
+        siblings.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
