@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from tests.realcg import remove_group
+
 TOTAL_BYTES = 3 << 30
 CHUNK_BYTES = 16 << 20
 GROUP_BYTES = 1 << 30
@@ -119,21 +121,7 @@ def in_group(variant: str, limit_s: float, workload: str = "persist", group_byte
         result["oom_kills"] = oom_kills(group)
         return result
     finally:
-        _remove(group)
-
-
-def _remove(group: str) -> None:
-    for _ in range(100):
-        with contextlib.suppress(OSError), open(os.path.join(group, "cgroup.procs")) as f:
-            for pid in f.read().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-        try:
-            os.rmdir(group)
-            return
-        except OSError:
-            time.sleep(0.1)
-    os.rmdir(group)
+        remove_group(group)
 
 
 def table(rows: list[dict[str, Any]]) -> str:

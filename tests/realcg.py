@@ -1,6 +1,6 @@
 """Real cgroup v1 memory groups for the real-system tests: make a child of our own group, run a command in it,
 and always remove it again. Skips (with the reason) where that is impossible: not root, no v1 memory controller,
-or a read-only cgroup filesystem."""
+or a read-only cgroup filesystem. Also a real small tmpfs (``tmpfs``), for a full disk."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -78,10 +79,11 @@ def child_group(limit_bytes: int, prefix: str = "apsi-test") -> Iterator[ChildGr
             f.write(str(limit_bytes))
         yield ChildGroup(path, limit_bytes)
     finally:
-        _remove(path)
+        remove_group(path)
 
 
-def _remove(path: str) -> None:
+def remove_group(path: str) -> None:
+    """Kill what is left in the cgroup ``path`` and remove it (a group with processes cannot be removed)."""
     for _ in range(50):
         try:
             with open(os.path.join(path, "cgroup.procs")) as f:
@@ -99,3 +101,19 @@ def _remove(path: str) -> None:
         except OSError:
             time.sleep(0.1)
     os.rmdir(path)  # one last try; raising here makes the leak visible
+
+
+@contextlib.contextmanager
+def tmpfs(mount_point: Path, size: str, mode: str | None = None) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (``"64k"``) mounted at the new folder ``mount_point``, unmounted afterwards; the test
+    is skipped, with the reason, where mounting is not allowed."""
+    mount_point.mkdir()
+    options = f"size={size}" + (f",mode={mode}" if mode else "")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+                          capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -9,7 +9,6 @@ made and when the reservation itself fails."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import uuid
 
@@ -18,6 +17,7 @@ import pytest
 
 from apsi_memory.arrays import spill
 from apsi_memory.errors import DiskFullError
+from tests.realcg import tmpfs
 
 pytestmark = pytest.mark.real
 
@@ -91,16 +91,8 @@ def tiny_disk(tmp_path):
     """A real 4 MiB filesystem (tmpfs), unmounted afterwards."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / f"tiny-{uuid.uuid4().hex[:8]}"
-    mount_point.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-                          capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / f"tiny-{uuid.uuid4().hex[:8]}", "4m") as mount_point:
         yield str(mount_point / "spill")
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_a_real_full_disk_is_a_clear_error_and_leaves_no_half_file(tiny_disk):

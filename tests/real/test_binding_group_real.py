@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from tests.realcg import child_group
+from tests.realcg import child_group, remove_group
 
 pytestmark = pytest.mark.real
 
@@ -59,23 +59,6 @@ def start(group: str, script: str) -> subprocess.Popen[str]:
     return subprocess.Popen(wrapper, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def remove(group: str) -> None:
-    """Kill what is left in ``group`` and remove it (a group with processes or children cannot be removed)."""
-    for _ in range(50):
-        with contextlib.suppress(OSError), open(os.path.join(group, "cgroup.procs")) as f:
-            for pid in f.read().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-        try:
-            os.rmdir(group)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
-    os.rmdir(group)  # raising here makes a leaked group visible
-
-
 def two_steps(patch: str) -> tuple[str, str]:
     """What each of two processes in two children of a 1 GiB parent printed: ``RAM 0`` (its place, siblings)."""
     with child_group(1 << 30, prefix=f"apsi-bind-{os.getpid()}") as parent:
@@ -95,7 +78,7 @@ def two_steps(patch: str) -> tuple[str, str]:
                 with contextlib.suppress(OSError):
                     process.communicate("\n", timeout=30)
             for step in steps:
-                remove(step)
+                remove_group(step)
 
 
 def test_two_child_groups_under_one_limit_see_each_other():
@@ -130,7 +113,7 @@ def four_steps(patch: str, ours: bool) -> tuple[list[str], int]:
                 with contextlib.suppress(OSError):
                     process.kill()
             for step in steps:
-                remove(step)
+                remove_group(step)
 
 
 @pytest.mark.parametrize("how", ["binding group", "own group (control)", "numpy.zeros (control)"])

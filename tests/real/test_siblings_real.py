@@ -20,6 +20,7 @@ import pytest
 
 import apsi_memory as memory
 from apsi_memory.machinery.reservations import Siblings
+from tests.realcg import tmpfs
 
 pytestmark = pytest.mark.real
 
@@ -93,13 +94,7 @@ def test_a_full_ledger_disk_places_arrays_as_with_no_siblings_after_one_warning(
 
     import numpy as np
 
-    mount = tmp_path / f"shm-{os.getpid()}"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / f"shm-{os.getpid()}", "64k", "0700") as mount:
         with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
             while True:  # until ENOSPC
                 f.write(b"\1" * 4096)
@@ -118,5 +113,3 @@ def test_a_full_ledger_disk_places_arrays_as_with_no_siblings_after_one_warning(
             assert len(said) == 1 and "ENOSPC" in said[0] and str(mount) in said[0], said
             assert memory.siblings().ledger is None
         siblings.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
