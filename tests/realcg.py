@@ -13,10 +13,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
+from typing import NoReturn
 
 V1_MEMORY_MOUNT = "/sys/fs/cgroup/memory"
+
+
+def _skip(reason: str) -> NoReturn:
+    import pytest  # here, not at the top: the dask benchmark uses remove_group where pytest is not installed
+
+    pytest.skip(reason)
 
 
 def own_v1_memory_group() -> str | None:
@@ -66,14 +71,14 @@ class ChildGroup:
 def child_group(limit_bytes: int, prefix: str = "apsi-test") -> Iterator[ChildGroup]:
     reason = skip_reason()
     if reason:
-        pytest.skip(reason)
+        _skip(reason)
     parent = own_v1_memory_group()
     assert parent is not None
     path = os.path.join(parent, f"{prefix}-{uuid.uuid4().hex[:12]}")
     try:
         os.mkdir(path)
     except OSError as exc:
-        pytest.skip(f"cannot create a child memory cgroup under {parent}: {exc}")
+        _skip(f"cannot create a child memory cgroup under {parent}: {exc}")
     try:
         with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
             f.write(str(limit_bytes))
@@ -112,7 +117,7 @@ def tmpfs(mount_point: Path, size: str, mode: str | None = None) -> Iterator[Pat
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
                           capture_output=True, text=True, check=False)
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+        _skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     try:
         yield mount_point
     finally:
