@@ -374,13 +374,21 @@ def test_a_fork_during_a_move_gives_a_working_child(spill_dir: Path, monkeypatch
 
 
 _KILLED = """
-import os, sys, numpy as np
+import os, sys, time, numpy as np
 import apsi_memory as memory
 from apsi_memory.arrays import placement, moving
 from apsi_memory.decide import Level
-x = memory.array(256 << 17, "int64")
+x = memory.array(256 << 17, "int64")  # 256 MiB: four pieces
 x[:] = 1
-print(os.getpid(), flush=True)
+write_back, pieces = moving._write_back, iter(range(8))
+
+def stalled_after(fd, offset, n):
+    write_back(fd, offset, n)
+    if next(pieces) == int(sys.argv[1]):
+        print("moving", flush=True)  # mid-move, piece by piece: the parent kills now
+        time.sleep(60)
+
+moving._write_back = stalled_after
 moving.move(placement._find(x), Level.HIGH)
 print("moved", flush=True)
 """
@@ -389,18 +397,16 @@ print("moved", flush=True)
 @needs_linux
 @pytest.mark.faults
 def test_sigkill_during_a_move_leaves_no_file_after_the_next_reclaim(spill_dir: Path) -> None:
+    """SIGKILL after the first, second and third of four pieces (a handshake, not a guess of how long a move takes
+    on a busy host): each kill leaves its file, the next child's first spill reclaims it, the last one's is left."""
     kills = 0
-    for delay in (0.0, 0.02, 0.05):
-        child = subprocess.Popen([sys.executable, "-c", _KILLED], stdout=subprocess.PIPE, text=True,
+    for piece in (0, 1, 2):
+        child = subprocess.Popen([sys.executable, "-c", _KILLED, str(piece)], stdout=subprocess.PIPE, text=True,
                                  env={**os.environ, "PYTHONPATH": os.getcwd()})
         assert child.stdout is not None
-        child.stdout.readline()
-        deadline = time.monotonic() + 20
-        while not (spill_dir.exists() and any(spill_dir.iterdir())) and time.monotonic() < deadline:
-            time.sleep(0.001)  # until the move has made its file
-        time.sleep(delay)
+        said = child.stdout.readline().strip()
+        assert said == "moving", f"the child did not reach piece {piece} of its move: {said!r}"
         child.send_signal(signal.SIGKILL)
-        # killed with its file there (the next child's first spill reclaims it, the last one's is left)
         kills += int(child.wait(30) == -signal.SIGKILL and any(spill_dir.iterdir()))
     left = list(spill_dir.iterdir()) if spill_dir.exists() else []
     removed = spill.reclaim(str(spill_dir))
