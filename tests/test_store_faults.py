@@ -127,7 +127,9 @@ def acknowledging_writer(log: str, start: int, seed: int) -> None:
     while True:
         key = rng.randrange(KEYS)
         s.set(key, value_for(key, version))
-        os.write(fd, f"{key} {version}\n".encode())
+        # 16 bytes a line, so none straddles a 4 KiB page of the log: the kernel checks for SIGKILL between the
+        # pages of one write, and a torn line would glue itself to the next child's (failed 1 CI run in 3).
+        os.write(fd, f"{key:3d} {version:11d}\n".encode())
         version += 1
 
 
