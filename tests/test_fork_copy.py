@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
+from apsi_memory.adapters.maps import Region
 from apsi_memory.arrays import forking, moving, placement, spill
 from apsi_memory.decide import Level
 from apsi_memory.errors import SystemCallError
@@ -256,7 +257,7 @@ def test_shared_mappings_lists_shared_files_with_inode_and_the_kernels_path() ->
             "7f0000400000-7f0000500000 r--s 00002000 fd:01 77   /data/x.npy\n"
             "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0   [stack]\n")
     assert list(forking.shared_mappings(maps)) == [
-        forking.Shared(0x7F0000000000, 0x7F0000200000, True, 0x1000, 1234, "/spill/a b/apsi-1-2-ab.npy (deleted)"),
-        forking.Shared(0x7F0000300000, 0x7F0000400000, True, 0, 5, "/dev/zero (deleted)"),
-        forking.Shared(0x7F0000400000, 0x7F0000500000, False, 0x2000, 77, "/data/x.npy")]
+        Region(0x7F0000000000, 0x7F0000200000, True, True, 0x1000, "/spill/a b/apsi-1-2-ab.npy (deleted)", 1234),
+        Region(0x7F0000300000, 0x7F0000400000, True, True, 0, "/dev/zero (deleted)", 5),
+        Region(0x7F0000400000, 0x7F0000500000, True, False, 0x2000, "/data/x.npy", 77)]
     assert spill.is_spill_file("/spill/a b/apsi-1-2-ab.npy") and not spill.is_spill_file("/data/x.npy")

@@ -69,7 +69,7 @@ def test_a_line_as_the_kernel_writes_it_parses_back(start_page: int, pages: int,
     start, end = start_page * 4096, (start_page + pages) * 4096
     perms = f"r{'w' if writable else '-'}-{'s' if shared else 'p'}"
     line = f"{start:x}-{end:x} {perms} {offset:08x} fd:01 1234{' ' * 10}{path}".rstrip()
-    assert parse_maps_line(line) == Region(start, end, shared, writable, offset, path)
+    assert parse_maps_line(line) == Region(start, end, shared, writable, offset, path, 1234)
 
 
 def test_file_region_reads_maps_under_the_root(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ class Region:
     writable: bool
     file_offset: int
     path: str  # "" for anonymous memory, "[heap]" and the like for the kernel's own
+    inode: int = 0  # the file's, to tell it is still the one mapped (0 for anonymous memory)
 
     @property
     def is_file(self) -> bool:
@@ -42,7 +43,7 @@ def parse_maps_line(line: str) -> Region | None:
     start, end = (int(part, 16) for part in fields[0].split("-"))
     perms = fields[1]
     path = fields[5] if len(fields) == 6 else ""
-    return Region(start, end, perms[3:4] == "s", perms[1:2] == "w", int(fields[2], 16), path)
+    return Region(start, end, perms[3:4] == "s", perms[1:2] == "w", int(fields[2], 16), path, int(fields[4]))
 
 
 def region_in_maps(maps: str, start: int, end: int) -> Region | None:
@@ -61,7 +62,8 @@ def region_in_maps(maps: str, start: int, end: int) -> Region | None:
         region = parse_maps_line(line)
         if region is None or not _continues(joined, region):
             break
-        joined = Region(joined.start, region.end, joined.shared, joined.writable, joined.file_offset, joined.path)
+        joined = Region(joined.start, region.end, joined.shared, joined.writable, joined.file_offset, joined.path,
+                            joined.inode)
     return joined if joined.is_file and end <= joined.end else None
 
 

@@ -29,9 +29,8 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
-from ..adapters.maps import parse_maps_line
+from ..adapters.maps import Region, parse_maps_line
 from ..errors import SystemCallError
 from ..system import uffd
 
@@ -39,24 +38,13 @@ log = logging.getLogger("apsi_memory.arrays")
 _DELETED = " (deleted)"
 
 
-class Shared(NamedTuple):
-    """One shared file mapping of this process (a line of ``/proc/self/maps``)."""
-
-    start: int
-    end: int
-    writable: bool
-    offset: int
-    inode: int
-    path: str  # as the kernel shows it: `` (deleted)`` at the end once unlinked
-
-
-def shared_mappings(maps: str) -> Iterator[Shared]:
-    """The shared file mappings in ``/proc/self/maps`` text."""
+def shared_mappings(maps: str) -> Iterator[Region]:
+    """The shared file mappings in ``/proc/self/maps`` text (their paths as the kernel shows them: `` (deleted)``
+    at the end once unlinked)."""
     for line in maps.splitlines():
         region = parse_maps_line(line)
         if region is not None and region.shared and region.path.startswith("/"):
-            inode = int(line.split(maxsplit=5)[4])
-            yield Shared(region.start, region.end, region.writable, region.file_offset, inode, region.path)
+            yield region
 
 
 def private_copies(is_ours: Callable[[str], bool]) -> int:
@@ -76,13 +64,13 @@ def private_copies(is_ours: Callable[[str], bool]) -> int:
     return done
 
 
-def _make_private(mapping: Shared) -> bool:
+def _make_private(mapping: Region) -> bool:
     length = mapping.end - mapping.start
     fd = _reopen(mapping)
     why = "the file cannot be opened again"
     if fd is not None:
         try:
-            uffd.map_private(mapping.start, length, fd, mapping.offset, mapping.writable)
+            uffd.map_private(mapping.start, length, fd, mapping.file_offset, mapping.writable)
             return True
         except SystemCallError as exc:
             why = str(exc)
@@ -94,7 +82,7 @@ def _make_private(mapping: Shared) -> bool:
     return False
 
 
-def _reopen(mapping: Shared) -> int | None:
+def _reopen(mapping: Region) -> int | None:
     """A read-only descriptor of the very file mapped (its inode), or ``None``."""
     candidates = [f"/proc/self/map_files/{mapping.start:x}-{mapping.end:x}"]
     if not mapping.path.endswith(_DELETED):
