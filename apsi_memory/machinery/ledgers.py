@@ -100,7 +100,7 @@ def _one(dir_fd: int, folder: str, name: str, group: str, remove: bool) -> Ledge
         st = os.fstat(fd)
         problem = _not_ours(fd, st)
         live = _live_slots(fd) if stat.S_ISREG(st.st_mode) else None
-        if remove and not problem and live == 0 and not _removed(fd, dir_fd, name, st):
+        if remove and not problem and live == 0 and not slots.remove_if_unused(dir_fd, name, fd, (st.st_dev, st.st_ino)):
             live = None  # a process claimed a slot meanwhile, or the name is another file now: kept
         return LedgerFile(path, group, live, st.st_size, not problem, problem)
     finally:
@@ -141,18 +141,3 @@ def _size(dir_fd: int, name: str) -> int:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
     except OSError:
         return 0
-
-
-def _removed(fd: int, dir_fd: int, name: str, st: os.stat_result) -> bool:
-    """Unlink ``name`` while holding every slot's lock (no process can claim one meanwhile), if no slot was
-    claimed since it was counted and the name is still the file that was checked; whether it was."""
-    if not slots.lock(fd, 0, slots.SLOTS):
-        return False
-    try:
-        now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-        return False
-    os.unlink(name, dir_fd=dir_fd)
-    return True

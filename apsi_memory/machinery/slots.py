@@ -212,14 +212,16 @@ def names(folder_fd: int, name: str, opened: tuple[int, int]) -> bool:
     return (found.st_dev, found.st_ino) == opened
 
 
-def remove_if_unused(folder_fd: int, name: str, fd: int, opened: tuple[int, int]) -> None:
+def remove_if_unused(folder_fd: int, name: str, fd: int, opened: tuple[int, int]) -> bool:
     """Remove the ledger file when no live process holds a slot in it: under a lock of every slot (so none is
-    claimed meanwhile), and only a file the library made that its name still names."""
+    claimed meanwhile), and only a file the library made that its name still names; whether it was."""
     if not lock(fd, 0, SLOTS):
-        return
+        return False
     try:
-        if made_here(fd) and names(folder_fd, name, opened):
-            os.unlink(name, dir_fd=folder_fd)
+        if not (made_here(fd) and names(folder_fd, name, opened)):
+            return False
+        os.unlink(name, dir_fd=folder_fd)
+        return True
     finally:
         unlock(fd, 0, SLOTS)
 
