@@ -4,9 +4,9 @@ A ``SimTree`` writes the same files, in the same formats, that the kernel shows;
 their ``root`` argument (or ``APSI_FS_ROOT`` for a subprocess), exactly as they read ``/``. The scenario functions
 at the bottom build the machines users run on: a bare host, Docker on cgroup v1, a Kubernetes pod on v2, a systemd
 slice whose parent has the smaller limit, a cgroup namespace, a hybrid v1+v2 host, PSI disabled, v1 with 64 KiB
-pages, a service without the memory controller under a limited slice, a process outside the reader's cgroup
-namespace, a group that is not under its mount's root, v1 with ``memory.use_hierarchy`` 0, and children of one
-limited parent (v1 and v2).
+pages, a service without the memory controller under a limited slice, a service with ``memory.high`` below
+``memory.max``, a process outside the reader's cgroup namespace, a group that is not under its mount's root, v1 with
+``memory.use_hierarchy`` 0, and children of one limited parent (v1 and v2).
 """
 
 from __future__ import annotations
@@ -113,7 +113,10 @@ class SimTree:
         return self
 
     def v2_group(self, directory: str, limit: int | None = None, high: int | None = None, current: int = 0,
-                 inactive_file: int = 0, pressure: tuple[float, float] | None = None) -> SimTree:
+                 inactive_file: int = 0, pressure: tuple[float, float] | None = None,
+                 events: dict[str, int] | None = None, oom_group: bool | None = None) -> SimTree:
+        """A v2 group's files; ``events`` (``memory.events`` counters, e.g. ``{"high": 304}``) and ``oom_group``
+        (``memory.oom.group``) are written only where given, as on kernels and trees without them."""
         self.write(f"{directory}/memory.max", f"{'max' if limit is None else limit}\n")
         self.write(f"{directory}/memory.high", f"{'max' if high is None else high}\n")
         self.write(f"{directory}/memory.current", f"{current}\n")
@@ -122,6 +125,16 @@ class SimTree:
         self.write(f"{directory}/cgroup.controllers", "cpuset cpu io memory pids\n")
         if pressure is not None:
             self.psi(*pressure, path=f"{directory}/memory.pressure")
+        if events is not None:
+            self.v2_events(directory, **events)
+        if oom_group is not None:
+            self.write(f"{directory}/memory.oom.group", f"{int(oom_group)}\n")
+        return self
+
+    def v2_events(self, directory: str, **counts: int) -> SimTree:
+        """``memory.events`` as the kernel prints it, every counter 0 but ``counts``."""
+        names = ("low", "high", "max", "oom", "oom_kill", "oom_group_kill")
+        self.write(f"{directory}/memory.events", "".join(f"{name} {counts.get(name, 0)}\n" for name in names))
         return self
 
 
@@ -237,6 +250,16 @@ def service_without_memory_controller(root: str | os.PathLike[str], slice_limit:
     return tree
 
 
+def memory_high_below_max(root: str | os.PathLike[str], high: int = 512 * MiB, limit: int = 1 * GiB,
+                          current: int = 300 * MiB, high_events: int = 0, oom_group: bool | None = None) -> SimTree:
+    """A v2 service with ``MemoryHigh=512M`` and ``MemoryMax=1G``: above ``memory.high`` the kernel throttles and
+    counts ``high`` in ``memory.events``, at ``memory.max`` it kills. Its own ``memory.pressure`` at 0."""
+    tree = _machine(root).mount("/sys/fs/cgroup", "cgroup2", "nsdelegate").member("0::/app.slice/job.service")
+    tree.v2_group("/sys/fs/cgroup/app.slice")
+    return tree.v2_group("/sys/fs/cgroup/app.slice/job.service", limit=limit, high=high, current=current,
+                         pressure=(0.0, 0.0), events={"high": high_events}, oom_group=oom_group)
+
+
 def outside_namespace(root: str | os.PathLike[str], mount_root: str = "/") -> SimTree:
     """A process in another cgroup namespace than the reader's: ``/proc/self/cgroup`` climbs with ``..``. A group
     with a 1 GiB limit sits where that path would lead outside ``/sys/fs/cgroup``, a trap for a reader that climbs;
@@ -272,3 +295,22 @@ def nested(root: str | os.PathLike[str], version: int, child: str, child_limit: 
     tree.mount(top, "cgroup2", "nsdelegate").member(f"0::{group}")
     tree.v2_group(f"{top}/batch", parent_limit, current=2 * child_usage)
     return tree.v2_group(f"{top}{group}", child_limit, current=child_usage)
+
+
+def namespace_outer_mount(root: str | os.PathLike[str], depth: int = 1, limit: int = 512 * MiB,
+                          current: int = 100 * MiB, pid: int = 4711, holds_pid: bool = True) -> SimTree:
+    """``unshare -C`` in a group ``depth`` levels down that kept the outer cgroup2 mount (kind, Docker-in-Docker,
+    LXC): ``/proc/self/cgroup`` says ``0::/``, the mount's root ``/..`` per level, the mount point is the host's
+    root group. Ours (``limit``) lists ``pid`` in its ``cgroup.procs``; a sibling with a bigger limit lists other
+    pids (``holds_pid=False``: ours does not list it either, as when the pid cannot be found)."""
+    tree = _machine(root).mount("/sys/fs/cgroup", "cgroup2", "nsdelegate", root="/.." * depth).member("0::/")
+    tree.write("/proc/self/stat", f"{pid} (python3) R 1 {pid} {pid} 0 -1 4194304\n")
+    tree.write("/sys/fs/cgroup/cgroup.procs", "1\n")
+    parent = "/sys/fs/cgroup" + "/kubepods" * (depth - 1)
+    if depth > 1:
+        tree.v2_group(parent)
+    for name, group_limit, procs in (("other", 2 * GiB, "1200\n1201\n"),
+                                     ("apsi-ns", limit, f"{pid}\n" if holds_pid else "1300\n")):
+        tree.v2_group(f"{parent}/{name}", limit=group_limit, current=current)
+        tree.write(f"{parent}/{name}/cgroup.procs", procs)
+    return tree

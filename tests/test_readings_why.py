@@ -21,10 +21,12 @@ BuildMachine = Callable[..., SimTree]
 LIMITS_KEYS = {"usable_bytes", "free_bytes", "budget_bytes", "source", "cgroup", "cgroup_version", "limit_bytes",
                "limit_file", "working_set_bytes", "host_total_bytes", "host_available_bytes",
                "group_guessed", "cgroup_problem",  # new in issue 10
-               "siblings_reserved_bytes", "siblings"}  # new in issue 18
+               "siblings_reserved_bytes", "siblings",  # new in issue 18
+               "oom_group"}  # new in issue 27
 PRESSURE_KEYS = {"level", "free_bytes", "usable_bytes", "free_fraction", "some", "full", "psi_source",
                  "cause", "psi_problem",  # new in issue 10
-                 "stalls_ignored"}  # new in issue 22
+                 "stalls_ignored",  # new in issue 22
+                 "throttled_s", "oom_group"}  # new in issue 27
 
 
 def _json(command: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

@@ -8,6 +8,7 @@ by guessing fixed paths. Limits are re-read on every call: a pod can be resized 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,8 +25,11 @@ from ..decide import (
     smallest_limit,
 )
 from ..errors import CorruptFileError
+from . import cgroup_v2, cgroupns
 from .files import KernelFiles
-from .procfs import CgroupEntry, Mount, parse_mountinfo, parse_self_cgroup
+from .procfs import CgroupEntry, Mount, parse_mountinfo_lines, parse_self_cgroup
+
+log = logging.getLogger("apsi_memory.limits")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class CgroupMemory:
     free: int | None  # smallest headroom up the hierarchy; None when unlimited
     guessed: bool = False  # the group is not below any mount's root: read at the mount point (the JVM's choice)
     binding: str | None = None  # the level whose limit binds (``decide.binding_level``), as ``directory``; None: none
+    high_events: int | None = None  # v2: memory.events ``high`` counts up the levels (``cgroup_v2.high_events``)
+    oom_group: str | None = None  # v2: the level one OOM kill takes whole (memory.oom.group), as ``directory``
 
 
 # -- pure parsing --------------------------------------------------------------------------------------------------
@@ -111,6 +117,7 @@ class Location:
     mount_point: str
     guessed: bool = False  # not below any mount's root: the mount point stands for the group (as the JVM reads)
     problem: str | None = None
+    search_depth: int = 0  # > 0: a namespace that kept the outer mount; the group is this many levels below it
 
 
 def _best_mount(path: str, candidates: list[Mount]) -> tuple[Mount, str] | None:
@@ -139,6 +146,10 @@ def locate(entries: list[CgroupEntry], mounts: list[Mount], version: int) -> Loc
     if _climbs(entry.path) and (found is None or _climbs(found[1])):
         return Location(entry, candidates[0].mount_point, candidates[0].mount_point, problem=(
                 f"group {entry.path} is outside this cgroup namespace and no mount shows it: not read"))
+    depth = max((cgroupns.climbs_only(m.root) for m in candidates), default=0)
+    if found is None and depth:
+        mount = next(m for m in candidates if cgroupns.climbs_only(m.root) == depth)
+        return Location(entry, mount.mount_point, mount.mount_point, search_depth=depth)
     if found is None:
         # Peers split here; the JVM reads the mount point, and so do we, but say so.
         return Location(entry, candidates[0].mount_point, candidates[0].mount_point, guessed=True)
@@ -228,23 +239,20 @@ class Layout:
     entries: list[CgroupEntry]
     mounts: list[Mount]
     texts: tuple[str | None, str | None] = (None, None)
+    located: dict[int, Location | None] = field(default_factory=dict)  # by version: ``locate``, ``in_namespace``
     # The levels a charge reaches, found once: v1 refuses to change a group's use_hierarchy while it has children,
     # and every parent of ours has one (us).
     _charged: dict[int, list[_LevelPaths]] = field(default_factory=dict, compare=False, repr=False)
 
     def locate(self, version: int) -> Location | None:
-        return self.located[version]
-
-    @cached_property
-    def located(self) -> dict[int, Location | None]:
-        return {version: locate(self.entries, self.mounts, version) for version in (1, 2)}
+        return self.located.get(version)
 
     @cached_property
     def level_paths(self) -> dict[int, list[_LevelPaths]]:
         """The files of each level of each readable group, from the group up."""
         paths = {}
         for version, files in ((1, V1), (2, V2)):
-            found = self.located[version]
+            found = self.located.get(version)
             if found is not None and not found.problem:
                 paths[version] = [_level_paths(files, level) for level in _levels(found.directory, found.mount_point)]
         return paths
@@ -271,7 +279,24 @@ def read_layout(source: KernelFiles, known: Layout | None = None) -> Layout:
         return known
     cgroup_text, mounts_text = texts
     entries = [] if cgroup_text is None else parse_self_cgroup(cgroup_text)
-    return Layout(entries, [] if mounts_text is None else parse_mountinfo(mounts_text), texts)
+    mounts, skipped = ([], []) if mounts_text is None else parse_mountinfo_lines(mounts_text)
+    for line in skipped:  # once per text of the file: a reading whose texts are the same keeps its layout
+        log.warning("/proc/self/mountinfo: skipped line %r, which is not a mountinfo line; read the rest", line)
+    located = {version: in_namespace(source.root, locate(entries, mounts, version)) for version in (1, 2)}
+    return Layout(entries, mounts, texts, located)
+
+
+def in_namespace(root: str, found: Location | None) -> Location | None:
+    """``found``, with a group searched for in a namespace that kept the outer mount (``cgroupns``) made the
+    folder that holds our pid, or a problem where none does: never the mount point, the host's root group."""
+    if found is None or not found.search_depth:
+        return found
+    directory, why = cgroupns.find_group(root, found.mount_point, found.search_depth, found.entry.path)
+    if directory is None:
+        return Location(found.entry, found.directory, found.mount_point, problem=(
+            f"group {found.entry.path} is the root of a cgroup namespace below {found.mount_point} (mount root "
+            f"{'/..' * found.search_depth}) and {why}: not read"))
+    return Location(found.entry, directory, found.mount_point)
 
 
 def read_cgroup_memory(physical: int, source: KernelFiles, layout: Layout) -> CgroupMemory | str | None:
@@ -292,7 +317,9 @@ def read_cgroup_memory(physical: int, source: KernelFiles, layout: Layout) -> Cg
             # A level's own limits come first in its ``limits``; the one kept in memory.stat is inherited.
             own = [smallest_limit(level.limits[:len(files.limits)], physical)[0] for level in read]
             at = binding_level(own, group.limit)
+            directories = [paths.directory for paths in levels] if version == 2 else []
             return CgroupMemory(version, found.entry.path, found.directory, group.limit, group.limit_file,
                                 group.working_set, group.free, found.guessed,
-                                None if at is None else levels[at].directory)
+                                None if at is None else levels[at].directory, cgroup_v2.high_events(source, directories),
+                                cgroup_v2.oom_group(source, directories, at) if directories else None)
     return problem

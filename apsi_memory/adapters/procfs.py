@@ -117,7 +117,24 @@ def parse_mountinfo(text: str, path: str = "/proc/self/mountinfo") -> list[Mount
     ``\\040``), six fixed ones, optional ``tag:value`` ones up to a lone ``-``, then the filesystem type, the
     mount source and the super options. The source may be empty (mount(2) accepts ``""``; two spaces follow the
     type): splitting on runs of whitespace would take the options for the source and lose them."""
-    return [_mount(line, path) for line in text.splitlines() if line.strip()]
+    return parse_mountinfo_lines(text, path)[0]
+
+
+def parse_mountinfo_lines(text: str, path: str = "/proc/self/mountinfo") -> tuple[list[Mount], list[str]]:
+    """The mounts, and the lines skipped as ones the kernel could not have written (a tree written by hand or by
+    another tool): one bad line must not hide the memory mount beside it. A file with no readable line at all is
+    corrupt."""
+    mounts, skipped = [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            mounts.append(_mount(line, path))
+        except CorruptFileError:
+            skipped.append(line)
+    if skipped and not mounts:
+        raise CorruptFileError(path, f"line {skipped[0]!r} is not a mountinfo line")
+    return mounts, skipped
 
 
 def _mount(line: str, path: str) -> Mount:

@@ -4,7 +4,8 @@ The adapters (``apsi_memory.adapters``) read the kernel's files and hand plain n
 public API glues the two. Keeping the rules here, as data tables, makes every documented behaviour testable with
 integers and lets property tests check monotonicity without a machine. ``levels`` holds the pressure levels (its
 docstring is their theory of operation), ``memory`` the budget, placement, eviction, batches, memory limits and
-relief, ``workers`` the rules of Dask workers; every name is re-exported here (``decide.place``).
+relief, ``v2`` what only cgroup v2 has (``memory.high`` throttling, ``memory.oom.group``), ``workers`` the rules
+of Dask workers; every name is re-exported here (``decide.place``).
 
 May import: nothing of ours but errors and units.
 """
@@ -53,6 +54,17 @@ from .memory import (
     usable_memory,
     working_set,
 )
+from .v2 import (
+    THROTTLE_CAUSE,
+    THROTTLE_WINDOW_S,
+    THROTTLED_LEVEL,
+    high_events_rose,
+    oom_group_at,
+    oom_group_note,
+    throttle_cause,
+    throttle_level,
+    throttled,
+)
 from .workers import (
     CHUNKS_PER_TASK,
     CLUSTER_MAX_IN_FLIGHT,
@@ -92,6 +104,9 @@ __all__ = [
     "P2P_BUFFER_SHARE",
     "P2P_MIN_WORKER_BYTES",
     "SMALL_ARRAY_BYTES",
+    "THROTTLED_LEVEL",
+    "THROTTLE_CAUSE",
+    "THROTTLE_WINDOW_S",
     "V1_LIMIT_FILES",
     "V1_STAT_LIMIT",
     "V2_LIMIT_FILES",
@@ -114,8 +129,11 @@ __all__ = [
     "eviction_target",
     "free_memory",
     "halve_batch",
+    "high_events_rose",
     "host_stalls_count",
     "in_relief_order",
+    "oom_group_at",
+    "oom_group_note",
     "place",
     "place_reason",
     "pressure_cause",
@@ -123,6 +141,9 @@ __all__ = [
     "ram_tier_limit",
     "shared_budget",
     "smallest_limit",
+    "throttle_cause",
+    "throttle_level",
+    "throttled",
     "usable_memory",
     "worker_memory_limit",
     "worker_pause_cause",

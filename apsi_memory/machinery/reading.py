@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,19 @@ from ..adapters.files import KernelFiles
 from ..adapters.procfs import MemInfo, read_meminfo
 from ..adapters.psi import Psi, read_psi
 from ..adapters.root import resolve
-from ..decide import Level, free_memory, host_stalls_count, pressure_cause, pressure_level, usable_memory
+from ..decide import (
+    Level,
+    free_memory,
+    high_events_rose,
+    host_stalls_count,
+    oom_group_note,
+    pressure_cause,
+    pressure_level,
+    throttle_cause,
+    throttle_level,
+    throttled,
+    usable_memory,
+)
 from ..errors import CorruptFileError
 from ..units import GiB, fmt_size
 
@@ -33,6 +46,7 @@ class MemoryReading:
     psi: Psi | None
     cgroup_problem: str | None = None  # why a group that exists was not read (the reading is the host's)
     psi_problem: str | None = None  # why stalls are not available although a PSI file is there
+    throttled_s: float | None = None  # seconds since the group's memory.events ``high`` count last rose; None: not seen
 
     @property
     def limited(self) -> bool:
@@ -71,13 +85,26 @@ class MemoryReader:
         self.files = KernelFiles(self.root)
         self._layout: Layout | None = None
         self._lock = threading.Lock()
+        self._high: tuple[int | None, float | None] = (None, None)  # the last ``high`` count, when it last rose
 
     def read(self) -> MemoryReading:
         if self.files.forked():  # a lock held by a thread of the parent at fork would never be released here
             self._lock = threading.Lock()
         with self._lock:
             self._layout = layout = read_layout(self.files, self._layout)
-            return _reading(self.files, layout)
+            return self._throttling(_reading(self.files, layout))
+
+    def _throttling(self, reading: MemoryReading) -> MemoryReading:
+        """``reading`` with how long ago its ``high`` count last rose, as this reader has seen it: a count
+        already there at the first reading tells nothing of now."""
+        count = reading.cgroup.high_events if reading.cgroup is not None else None
+        before, rose_at = self._high
+        now = time.monotonic()
+        rose_at = now if high_events_rose(before, count) else rose_at
+        self._high = count, rose_at if count is not None else None
+        if count is None or rose_at is None:
+            return reading
+        return dataclasses.replace(reading, throttled_s=now - rose_at)
 
     def close(self) -> None:
         with self._lock:  # not under a reading another thread is taking
@@ -157,6 +184,7 @@ class Limits(Reading):
     ``siblings_reserved_bytes``: what the other processes of this user in this group placed in RAM and the kernel
     has not charged yet (not yet out of ``free_bytes``; placement takes it away); ``siblings``: how many of them
     use the library (``siblings()``).
+    ``oom_group``: cgroup v2, the group one OOM kill takes whole (its ``memory.oom.group`` is 1), else None.
     """
 
     usable_bytes: int
@@ -174,6 +202,7 @@ class Limits(Reading):
     cgroup_problem: str | None = None
     siblings_reserved_bytes: int = 0
     siblings: int = 0
+    oom_group: str | None = None
 
     def __str__(self) -> str:
         note = ", group not visible: read at the mount point" if self.group_guessed else ""
@@ -188,7 +217,7 @@ def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
     if cg is None:
         return dict.fromkeys(("cgroup", "cgroup_version", "limit_bytes", "limit_file", "working_set_bytes"))
     return {"cgroup": cg.path, "cgroup_version": cg.version, "limit_bytes": cg.limit, "limit_file": cg.limit_file,
-            "working_set_bytes": cg.working_set, "group_guessed": cg.guessed}
+            "working_set_bytes": cg.working_set, "group_guessed": cg.guessed, "oom_group": cg.oom_group}
 
 
 @dataclass(frozen=True)
@@ -232,7 +261,11 @@ class Pressure(Reading):
     * ``cause``: the signal(s) past the level's thresholds, e.g. ``some ≥ 5 %`` (``None`` at ``ok``);
     * ``psi_problem``: why stalls are not available although a PSI file is there (it could not be parsed);
     * ``stalls_ignored``: why ``some``/``full`` did not count toward the level: they are the host's and the host is
-      not short of memory, limit or not (``decide.host_stalls_count``); None when they counted.
+      not short of memory, limit or not (``decide.host_stalls_count``); None when they counted;
+    * ``throttled_s``: cgroup v2, seconds since the kernel last throttled the group at ``memory.high`` (its
+      ``memory.events`` ``high`` count rose), while that is within ``decide.THROTTLE_WINDOW_S``: the level is then
+      at least ``high`` and the cause says ``throttled at memory.high``; None otherwise;
+    * ``oom_group``: cgroup v2, the group one OOM kill takes whole (``memory.oom.group`` 1), named in the text.
     """
 
     level: Level
@@ -245,6 +278,8 @@ class Pressure(Reading):
     cause: str | None = None  # the signal(s) that set the level, e.g. "some ≥ 5 %"; None at ok
     psi_problem: str | None = None  # why stalls are not available although a PSI file is there
     stalls_ignored: str | None = None  # why the stalls did not count toward the level
+    throttled_s: float | None = None  # seconds since memory.high last throttled the group, within the window
+    oom_group: str | None = None  # the group one OOM kill takes whole
 
     def __str__(self) -> str:
         if self.some is None:
@@ -254,7 +289,9 @@ class Pressure(Reading):
             stalls = f"stalls {self.some:.1f} % (some) / {full} (full)"
             stalls += f" ({self.stalls_ignored})" if self.stalls_ignored and (self.some or self.full) else ""
         cause = f" — {self.cause}" if self.cause else ""
-        return f"{self.level}: {fmt_size(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), {stalls}{cause}"
+        whole = f"; {oom_group_note(self.oom_group)}" if self.oom_group else ""
+        return (f"{self.level}: {fmt_size(self.free_bytes)} free ({self.free_fraction * 100:.0f} %), "
+                f"{stalls}{cause}{whole}")
 
 
 def pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
@@ -263,9 +300,13 @@ def pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
     some, full, source = (None, None, None) if psi is None else (psi.some, psi.full, psi.source)
     ignored = _stalls_ignored(reading, previous)
     counted_some, counted_full = (None, None) if ignored else (some, full)
-    level = pressure_level(fraction, counted_some, counted_full, previous)
-    return Pressure(level, reading.free, reading.usable, fraction, some, full, source,
-                    pressure_cause(level, fraction, counted_some, counted_full), reading.psi_problem, ignored)
+    signals = pressure_level(fraction, counted_some, counted_full, previous)
+    held = throttled(reading.throttled_s)
+    level = throttle_level(signals, held)
+    cause = pressure_cause(signals, fraction, counted_some, counted_full) if signals == level else None
+    return Pressure(level, reading.free, reading.usable, fraction, some, full, source, throttle_cause(cause, held),
+                    reading.psi_problem, ignored, reading.throttled_s if held else None,
+                    reading.cgroup.oom_group if reading.cgroup else None)
 
 
 def _stalls_ignored(reading: MemoryReading, previous: Level) -> str | None:
