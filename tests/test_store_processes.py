@@ -47,12 +47,17 @@ def check_whole(key: int, value) -> None:
     assert (value == value[0]).all()
 
 
-def write_forever(start: int, disk_bytes: int) -> None:
+SETS_BEFORE_KILLS = KEYS // 4  # each writer completes these before it may be killed: the test means something at any load
+
+
+def write_forever(start: int, disk_bytes: int, ready) -> None:
     s = memory.store("shared", ram_mb=1, disk_gb=disk_bytes / GiB)
     version = start
     while True:
         s.set(version % KEYS, value_for(version % KEYS, version))
         version += 1
+        if version - start == SETS_BEFORE_KILLS:
+            ready.set()
 
 
 # Forked on purpose (several writer processes on one store) from a process with threads; the store resets its
@@ -65,9 +70,11 @@ def test_writers_killed_mid_set_leave_entries_whole_or_missing():
     disk = 4 * MiB  # small, so kills also land in eviction and compaction
     seen = 0
     for kill in range(KILLS):
-        child = FORK.Process(target=write_forever, args=(kill * 100_000, disk))
+        ready = FORK.Event()
+        child = FORK.Process(target=write_forever, args=(kill * 100_000, disk, ready))
         child.start()
-        time.sleep(rng.uniform(0.02, 0.12))
+        assert ready.wait(120), "a writer completed no set in 120 s"
+        time.sleep(rng.uniform(0.0, 0.1))  # then a random moment: mid-set, mid-eviction, between sets
         os.kill(child.pid, signal.SIGKILL)
         child.join()
         assert child.exitcode == -signal.SIGKILL
