@@ -97,8 +97,9 @@ def test_a_budget_above_usable_warns_once_when_set(sim_machine: BuildMachine) ->
     sim_machine(machines.docker_v1, limit=1 * GiB, usage=0)
     with pytest.warns(memory.BudgetWarning) as caught:
         assert memory.budget(16).bytes == 16 * GiB
-    assert [str(w.message) for w in caught] == [
-        "budget 16.0 GB is more than the 1.0 GB usable here; arrays are still placed by what is free"]
+    assert [str(w.message) for w in caught] == [(
+        "budget 16.0 GB (budget(16): a number is GB) is more than the 1.0 GB usable here; arrays are still placed by "
+        "what is free")]
     assert caught[0].filename == __file__  # shown at the caller's line, where the mistake is
     with warnings.catch_warnings():
         warnings.simplefilter("error")

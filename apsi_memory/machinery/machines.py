@@ -161,7 +161,7 @@ class Machine:
             self.budget_set = parse_size(gb)
         reading = self.memory()
         if gb is not None and self.budget_set is not None and self.budget_set > reading.usable:
-            _warn_above_usable(self.budget_set, reading.usable)
+            _warn_above_usable(self.budget_set, reading.usable, gb)
         return self.budget_from(reading)
 
     def budget_from(self, reading: MemoryReading, others: SiblingReading | None = None) -> Budget:
@@ -187,12 +187,13 @@ def _publish_held(siblings: Siblings, held: int) -> None:
         siblings.settle(siblings.key, held)
 
 
-def _warn_above_usable(budget_bytes: int, usable: int) -> None:
+def _warn_above_usable(budget_bytes: int, usable: int, given: float | str) -> None:
     # A warning, not a log line: it is a mistake in the caller's code, shown at the caller's line (of
     # ``memory.budget``: this, Machine.budget, the module-level budget, the caller), once per line under Python's default
     # filter, and tests or -W error can turn it into an error.
-    warnings.warn(BudgetWarning(f"budget {fmt_size(budget_bytes)} is more than the {fmt_size(usable)} usable here; "
-                                "arrays are still placed by what is free"), stacklevel=4)
+    unit = "" if isinstance(given, str) else f" (budget({given!r}): a number is GB)"
+    warnings.warn(BudgetWarning(f"budget {fmt_size(budget_bytes)}{unit} is more than the {fmt_size(usable)} usable "
+                                "here; arrays are still placed by what is free"), stacklevel=4)
 
 
 def _measure_level(reader: MemoryReader, previous: Level) -> Level:

@@ -95,7 +95,7 @@ from typing import Any
 
 from ..errors import SizeError
 from ..system.paths import display, private_dir, store_dir
-from ..units import GiB, MiB
+from ..units import GiB, MiB, parse_size
 from .core import Store
 from .folders import allow_write, path_text, resolve_folder
 from .keys import Key, decode_key, encode_key
@@ -120,23 +120,37 @@ DEFAULT_RAM_MB = 256.0
 DEFAULT_DISK_GB = 10.0
 
 
-def byte_limits(ram_mb: float, disk_gb: float) -> tuple[int, int]:
+def byte_limits(ram_mb: float | str, disk_gb: float | str) -> tuple[int, int]:
     """``ram_mb`` and ``disk_gb`` as bytes, each checked (``SizeError`` naming it): what ``store`` and ``@cached``
-    take."""
+    take. A number is MB (``ram_mb``) or GB (``disk_gb``); a string names its unit, as ``budget`` takes it:
+    ``ram_mb="1GB"``, ``disk_gb="500MB"``."""
     return _size_bytes(ram_mb, MiB, "ram_mb"), _size_bytes(disk_gb, GiB, "disk_gb")
 
 
-def _size_bytes(value: float, unit: int, what: str) -> int:
+def _size_bytes(value: float | str, unit: int, what: str) -> int:
+    if isinstance(value, str):
+        return _size_text(value, what)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
-        raise SizeError(f"{what} must be a finite number of at least 0, not {value!r}")
+        raise SizeError(f"{what} must be a finite number of at least 0 or a size such as '1GB', not {value!r}")
     if value * unit >= 2**63:  # would pass here and fail, unnamed, deep in the tiers' arithmetic
         raise SizeError(f"{what}={value!r} is larger than any machine's memory")
     return int(value * unit)
 
 
-def store(name_or_path: str | os.PathLike[str], ram_mb: float = DEFAULT_RAM_MB,
-          disk_gb: float = DEFAULT_DISK_GB) -> Store:
-    """Open (or create) a store: ``memory.store("embeddings", ram_mb=512, disk_gb=50)``. Keys are ``str``,
+def _size_text(text: str, what: str) -> int:
+    # A bare number in a string would be GB to parse_size: "512" for ram_mb must not mean 512 GB.
+    if not text.strip().rstrip("0123456789.eE+-").strip():
+        raise SizeError(f"{what}={text!r} has no unit; write {what}='{text.strip()}MB' or '{text.strip()}GB', "
+                        f"or a number ({what} as a number is {'MB' if what == 'ram_mb' else 'GB'})")
+    try:
+        return parse_size(text)
+    except SizeError as exc:
+        raise SizeError(f"{what}: {exc}") from None
+
+
+def store(name_or_path: str | os.PathLike[str], ram_mb: float | str = DEFAULT_RAM_MB,
+          disk_gb: float | str = DEFAULT_DISK_GB) -> Store:
+    """Open (or create) a store: ``memory.store("embeddings", ram_mb=512, disk_gb=50)`` (or ``ram_mb="1GB"``). Keys are ``str``,
     ``int`` or ``bytes`` (``1``, ``"1"`` and ``b"1"`` are three keys; a subclass is its value: ``IntEnum.RED`` is
     ``1``).
 

@@ -63,12 +63,12 @@ def cached(func: F) -> F: ...
 
 
 @overload
-def cached(*, store: Store | str = DEFAULT_STORE, ram_mb: float = DEFAULT_RAM_MB,
-           disk_gb: float = DEFAULT_DISK_GB, files: Sequence[str] = ()) -> Callable[[F], F]: ...
+def cached(*, store: Store | str = DEFAULT_STORE, ram_mb: float | str = DEFAULT_RAM_MB,
+           disk_gb: float | str = DEFAULT_DISK_GB, files: Sequence[str] = ()) -> Callable[[F], F]: ...
 
 
 def cached(func: Callable[..., Any] | None = None, *, store: Store | str = DEFAULT_STORE,
-           ram_mb: float = DEFAULT_RAM_MB, disk_gb: float = DEFAULT_DISK_GB, files: Sequence[str] = ()) -> Any:
+           ram_mb: float | str = DEFAULT_RAM_MB, disk_gb: float | str = DEFAULT_DISK_GB, files: Sequence[str] = ()) -> Any:
     """``@cached`` or ``@cached(store="features", ram_mb=..., disk_gb=..., files=("path",))``; ``store`` may also
     be a ``Store``. ``files`` names parameters that take a path as ``str``: they are keyed by the file's identity,
     as ``os.PathLike`` arguments always are (see the module docstring).
@@ -85,7 +85,7 @@ def cached(func: Callable[..., Any] | None = None, *, store: Store | str = DEFAU
 
 
 class _Cached:
-    def __init__(self, func: Callable[..., Any], store: Store | str, ram_mb: float, disk_gb: float,
+    def __init__(self, func: Callable[..., Any], store: Store | str, ram_mb: float | str, disk_gb: float | str,
                  files: Sequence[str] = ()) -> None:
         if not callable(func):
             raise ArgumentTypeError(f"@cached decorates a function, not {type(func).__name__}")
