@@ -257,7 +257,7 @@ PATHS = [("None", None, "must be a path \\(str or os.PathLike\\), not NoneType")
          ("bool", True, "not bool"), ("list", ["/tmp"], "not list"),
          ("bytes", b"/tmp", "not bytes .*decode it with os.fsdecode"), ("NUL", "/tmp/a\0b", "holds a NUL character")]
 STORE_SIZES = [("negative", -1, "at least 0"), ("nan", math.nan, "at least 0"), ("inf", math.inf, "at least 0"),
-               ("bool", True, "not True"), ("string", "lots", "not 'lots'"), ("None", None, "not None"),
+               ("bool", True, "not True"), ("string", "lots", "cannot read 'lots' as a size"), ("None", None, "not None"),
                ("too big", 2**80, "larger than any machine's memory")]
 BYTES = [("negative", -1, "at least 0"), ("float", 1.5, "whole number of bytes, not float"),
          ("bool", True, "not bool"), ("string", "1GB", "not str"), ("too big", 2**70, "larger than any machine")]
