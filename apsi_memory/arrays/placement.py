@@ -151,7 +151,7 @@ def normalize_dtype(dtype: Any) -> np.dtype[Any]:
     except (KeyError, TypeError):  # TypeError: an unhashable spec, e.g. a list of fields
         pass
     try:
-        result: np.dtype[Any] = np.dtype(dtype)
+        result: np.dtype[Any] = np.dtype(_numpy_name(dtype) or dtype)
     except TypeError as exc:
         raise ArgumentTypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
     if result.hasobject:
@@ -162,6 +162,22 @@ def normalize_dtype(dtype: Any) -> np.dtype[Any]:
     with contextlib.suppress(TypeError):
         _dtypes[dtype] = result
     return result
+
+
+def _numpy_name(dtype: Any) -> str | None:
+    """The NumPy name of a PyTorch dtype (``torch.float32`` -> ``"float32"``; ``torch.from_numpy`` then shares the
+    array's memory), None for anything else. Read by name: torch is not imported for it."""
+    if type(dtype).__module__ != "torch" or type(dtype).__name__ != "dtype":
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if name in _TORCH_ONLY:
+        raise ArgumentTypeError(f"dtype {dtype} has no NumPy equivalent, so it cannot back a memory.array; use "
+                                "torch.float32 (or float16) and convert the tensor after torch.from_numpy")
+    return name
+
+
+_TORCH_ONLY = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8",
+                         "quint8", "qint32", "quint4x2", "complex32", "chalf"})
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:

@@ -6,7 +6,9 @@ What makes a key (a digest of all of it):
   functions included (a changed body misses; moving it in its file, comments and line numbers do not);
 * its arguments as bound to its signature, defaults filled in (``f(1)`` and ``f(x=1)`` are one call; ``**kwargs``
   in any order are one call), each by name and value: arrays by their dtype, shape and bytes
-  (``hashing.array_digest``), everything else by its pickle (sets sorted);
+  (``hashing.array_digest``), PyTorch tensors by dtype, shape, device type and bytes (``hashing.tensor_digest``),
+  everything else by its pickle (sets sorted); the first argument of each type is checked to hash by value (an
+  equal copy, its pickle read back, gives the same digest), else a ``CacheKeyWarning`` names it;
 * for an ``os.PathLike`` argument (``pathlib.Path``), and for the parameters named in
   ``@memory.cached(files=("path",))`` (plain ``str`` paths), the path *and the identity of the file behind it*:
   device, inode, size and modification time in nanoseconds (``hashing.file_digest``, one ``stat``; the content is
@@ -49,7 +51,7 @@ import numpy as np
 from ..errors import ArgumentError, ArgumentTypeError, CacheKeyWarning, DiskFullError, NotCachedWarning
 from . import DEFAULT_DISK_GB, DEFAULT_RAM_MB, CacheStats, Store, byte_limits, path_text
 from . import store as open_store
-from .hashing import file_digest, function_digest, value_digest
+from .hashing import file_digest, function_digest, hashes_by_value, value_digest
 from .stats import Counts
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,6 +106,7 @@ class _Cached:
         else:
             self.opener = functools.partial(open_store, store, ram_mb=ram_mb, disk_gb=disk_gb)
         self.lock = threading.Lock()
+        self.checked_types: set[type] = set()  # argument types already checked by ``hashes_by_value``
 
     def wrapper(self) -> Callable[..., Any]:
         @functools.wraps(self.func)
@@ -182,12 +185,27 @@ class _Cached:
                 value = dict(sorted(value.items()))  # f(a=1, b=2) and f(b=2, a=1) are one call
             h.update(name.encode() + b"\0")
             try:
-                h.update(file_digest(value) if name in self.files or isinstance(value, os.PathLike)
-                         else value_digest(value))
+                digest = (file_digest(value) if name in self.files or isinstance(value, os.PathLike)
+                          else self.value_digest(name, value))
             except TypeError as err:
                 raise ArgumentTypeError(f"{self.func.__qualname__}: argument {name!r} cannot be part of a cache key "
                                 f"({err})") from err
+            h.update(digest)
         return self.counts.prefix + h.digest()
+
+    def value_digest(self, name: str, value: Any) -> bytes:
+        """``value``'s digest; the first time a type comes by, a ``CacheKeyWarning`` where an equal copy of it
+        gives another digest (calls with it would never hit)."""
+        digest = value_digest(value)
+        kind = type(value)
+        if kind not in self.checked_types:
+            self.checked_types.add(kind)
+            if not hashes_by_value(value, digest):
+                warnings.warn(CacheKeyWarning(
+                    f"@cached {self.func.__qualname__}: argument {name!r} ({kind.__module__}.{kind.__qualname__}) is "
+                    "not hashed by value: an equal one gives another key, so calls with it never hit; pass what it "
+                    "holds (numbers, strings, arrays, tensors) instead"), stacklevel=5)
+        return digest
 
 
 def _file_parameters(signature: inspect.Signature, files: Sequence[str], func: Callable[..., Any]) -> frozenset[str]:

@@ -6,7 +6,8 @@ store, was the whole cost of a hit with a big array argument. It is not a MAC an
 decides which stored entry to look at, and every stored entry is signed on its own (``signing``), so a crafted
 collision can at worst return another cached result of the same function, never run foreign code. NumPy arrays
 are hashed by dtype, shape and their bytes in C order in one pass (it runs at the memory's
-speed, so threads would not add up). Everything else is pickled into the hash, with arrays inside containers hashed
+speed, so threads would not add up), and so are PyTorch tensors (with their device type; a GPU tensor is copied to
+the CPU to be hashed). Everything else is pickled into the hash, with arrays inside containers hashed
 the same way out of band (no copy into the pickle) and sets sorted, so the same value gives the same digest in
 every process.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +35,20 @@ def array_digest(array: np.ndarray) -> bytes:
     return h.digest()
 
 
+def tensor_digest(value: Any) -> bytes | None:
+    """XXH3-128 of a PyTorch tensor's dtype, shape, device type and bytes, as ``array_digest`` does for NumPy (its
+    pickle holds the storage's identity: equal tensors gave different keys); None for anything else, sparse and
+    nested tensors included (their pickle, as for any value). A tensor exists only where torch is imported: it is
+    looked up, never imported here."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+        return None
+    flat = value.detach().to("cpu").contiguous().reshape(-1)
+    h = xxh3_128(f"tensor|{value.dtype}|{tuple(value.shape)}|{value.device.type}|".encode())
+    h.update(flat.view(torch.uint8).numpy().data)
+    return h.digest()
+
+
 class _Sink:
     """A file-like ``write`` that feeds a hash, so pickling never builds the whole byte string."""
 
@@ -48,6 +64,9 @@ class _DigestPickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
             return ("ndarray", array_digest(obj))
+        tensor = tensor_digest(obj)
+        if tensor is not None:
+            return ("tensor", tensor)
         if isinstance(obj, (set, frozenset)):
             # Set order follows string hashes, which change between processes: sort the members' digests.
             return (type(obj).__name__, tuple(sorted(value_digest(member) for member in obj)))
@@ -60,12 +79,32 @@ def value_digest(value: Any) -> bytes:
     """A digest of any picklable value; ``TypeError`` (naming the type) for one that cannot be pickled."""
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return array_digest(value)
+    tensor = tensor_digest(value)
+    if tensor is not None:
+        return tensor
     sink = _Sink()
     try:
         _DigestPickler(sink, protocol=5).dump(value)
     except (pickle.PicklingError, TypeError, AttributeError) as err:
         raise ArgumentTypeError(f"cannot hash a value of type {type(value).__name__} for a cache key: {err}") from err
     return sink.hash.digest()
+
+
+_PLAIN = (np.ndarray, np.generic, str, bytes, int, float, complex, type(None))  # hashed by value by construction
+
+
+def hashes_by_value(value: Any, digest: bytes) -> bool:
+    """Whether an equal copy of ``value`` (its own pickle, read back) gives the same ``digest``: False for a type
+    whose pickle holds an identity (a storage id, a counter), so equal arguments never meet in the cache. The pickle
+    read back is the one made here, in memory, from the caller's own argument."""
+    torch = sys.modules.get("torch")
+    if isinstance(value, _PLAIN) or (torch is not None and isinstance(value, torch.Tensor)):
+        return True
+    try:
+        copy = pickle.loads(pickle.dumps(value, protocol=5))
+        return value_digest(copy) == digest
+    except Exception:  # noqa: BLE001 -- a value that does not come back from its pickle is not ours to judge
+        return True
 
 
 def code_digest(code: types.CodeType) -> bytes:
