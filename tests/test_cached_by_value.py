@@ -72,7 +72,7 @@ torch_only = pytest.mark.torch
 @torch_only
 def test_equal_tensors_hit_in_this_process_and_after_a_restart(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    program = textwrap.dedent(f"""
+    program = textwrap.dedent("""
         import warnings, torch, apsi_memory as memory
         warnings.simplefilter("error")
         @memory.cached(store="tensors")
