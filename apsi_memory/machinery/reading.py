@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from ..adapters.cgroup import CgroupMemory, Layout, read_cgroup_memory, read_layout
 from ..adapters.files import KernelFiles
 from ..adapters.procfs import MemInfo, read_meminfo
@@ -71,6 +69,8 @@ class MemoryReading:
 
 def _host_from_psutil() -> MemInfo:
     """Where there is no /proc/meminfo (macOS, Windows), psutil knows the host; there are no cgroups."""
+    import psutil  # only here: on Linux its import (and subprocess's, socket's) was a third of the first reading
+
     vm, swap = psutil.virtual_memory(), psutil.swap_memory()
     return MemInfo(int(vm.total), int(vm.available), int(swap.total), int(swap.free))
 

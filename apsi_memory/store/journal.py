@@ -13,7 +13,6 @@ import fcntl
 import mmap
 import os
 import re
-import shutil
 import stat
 import struct
 import sys
@@ -21,6 +20,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 
+from ..adapters.disk import disk_free
 from ..errors import CorruptFileError, DiskFullError, TamperWarning
 from ..system.fileio import is_disk_full, new_file, pwrite_all, unlink_quietly, write_all
 from ..system.libc import posix_fallocate
@@ -63,7 +63,7 @@ Saved = tuple[bytes, Callable[[], Index]]  # what a checkpoint is made of: the s
 
 
 def disk_full(folder: str, needed: int) -> DiskFullError:
-    free = shutil.disk_usage(folder).free
+    free = disk_free(folder)
     return DiskFullError(errno.ENOSPC, f"no space left in {display(folder)} for a {fmt_size(needed)} store entry "
                                        f"({fmt_size(free)} free); the store is unchanged")
 

@@ -6,10 +6,10 @@ how (the state it works on is made by ``Store.__init__``)."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import weakref
 
+from ..adapters.disk import disk_free
 from ..errors import StoreClosedError
 from . import checkpoint, datafiles
 from .journal import _Journal
@@ -159,7 +159,7 @@ class _Upkeep:
         beside the old one, so entries are evicted first to make room for it within the limit."""
         inline = self._index.inline_total
         keys = sum(len(key) for key in self._index.entries)
-        if shutil.disk_usage(self.folder).free < inline + keys + 64 * (len(self._index.entries) + 1024):
+        if disk_free(self.folder) < inline + keys + 64 * (len(self._index.entries) + 1024):
             return  # no room for the rewrite now; the journal stays valid and a later write tries again
         self._unlink(self._evict_over_limit(keep, room=inline + keys + 64 * len(self._index.entries) + 64))
         self._settle_reads()  # the new journal is written in recency order
