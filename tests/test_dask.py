@@ -30,6 +30,7 @@ from apsi_memory.blocks.rules import block_spans
 from apsi_memory.cli import commands as cli
 from apsi_memory.dask.tasks import EvenSpans, FileRows, rows_in_file
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
+from apsi_memory.decide.workers import MAX_PAUSE_S
 from apsi_memory.units import fmt_size
 from sim import tree as machines
 from sim.pressure import PressureMachine
@@ -173,8 +174,80 @@ def test_a_worker_paused_at_high_resumes_while_the_client_holds_the_group_at_mod
     assert memory.current_level() == Level.MODERATE
     assert str(worker.status) == "Status.running" and worker.events.count("resume") == 1
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
-        "worker tcp://sim:1 paused: pressure high",
+        "worker tcp://sim:1 paused: pressure high (free ≤ 20 %)",
         "worker tcp://sim:1 resumed: pressure moderate, worker memory 17% of its limit"]
+
+
+def _held_group(tmp_path: Path, chunk: str) -> tuple[PressureMachine, Any]:
+    """Issue 30's deadlock on the sim machine: a 1 GiB group, a 384 MiB worker at 90 MiB; a spike to 85 % used
+    pauses it at high, then something outside the workers holds 77 % (high kept: it is left above 25 % free)."""
+    import dask
+
+    sim = PressureMachine(tmp_path / "root", limit=GiB)
+    worker = _Worker(rss=90 * MiB, limit=384 * MiB)
+    with sim.machine.use(), dask.config.set({"array.chunk-size": chunk}):
+        plugin = amd.PressurePlugin()
+        plugin.worker = worker
+        sim.set_usage(int(0.85 * GiB))
+        plugin.check()
+        assert str(worker.status) == "Status.paused"
+        sim.set_usage(int(0.77 * GiB))
+        sim.next_measurement()
+        plugin.check()
+    return sim, plugin
+
+
+def test_a_worker_paused_at_high_resumes_on_its_own_need_while_the_group_stays_at_77_percent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Workers resumed only under high and 70 % of their limit: a client at 77 % kept them paused for good (a
+    1-second task timed out, 2 of 2). With 16 MiB chunks the next task needs 48 MiB, and 235 MiB are free."""
+    with caplog.at_level("WARNING", logger="distributed.apsi_memory"):
+        sim, plugin = _held_group(tmp_path, "16MiB")
+    assert str(plugin.worker.status) == "Status.running" and plugin.worker.events.count("resume") == 1
+    with sim.machine.use():
+        assert sim.machine.pressure().level == Level.HIGH  # the level the workers stuck at is still there
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records][-1] == (
+        "worker tcp://sim:1 resumed: pressure high (free ≤ 25 % (held)) still, but its own need fits: worker memory 23% of "
+        "its limit, 235.5 MB free in the group for the 48.0 MB its next tasks need")
+
+
+def test_a_pause_the_group_cannot_end_ends_after_the_longest_pause_naming_the_signal_and_holders(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """dask's default 128 MiB chunks: the next task needs 217 MiB (up to its own pause line), more than the group
+    can spare, so the worker stays paused, then resumes after ``MAX_PAUSE_S`` and says what holds the memory."""
+    import dask
+
+    sim, plugin = _held_group(tmp_path, "128MiB")
+    assert str(plugin.worker.status) == "Status.paused"
+    own = (sim.tree.root / "proc/self/cgroup").read_text()
+    for pid, argv, kib in ((4242, "python3\0stranger.py\0", 600 * 1024), (os.getpid(), "python3\0-c\0", 92160)):
+        sim.tree.write(f"/proc/{pid}/cgroup", own)
+        sim.tree.write(f"/proc/{pid}/cmdline", argv)
+        sim.tree.write(f"/proc/{pid}/status", f"Name:\tpython3\nVmRSS:\t{kib} kB\n")
+    with sim.machine.use(), dask.config.set({"array.chunk-size": "128MiB"}), \
+            caplog.at_level("WARNING", logger="distributed.apsi_memory"):
+        sim.clock.advance(MAX_PAUSE_S - 1)
+        plugin.check()
+        assert str(plugin.worker.status) == "Status.paused"
+        sim.clock.advance(1)
+        plugin.check()
+    assert str(plugin.worker.status) == "Status.running"
+    assert caplog.records[-1].getMessage() == (
+        "apsi_memory: worker tcp://sim:1 resumed after 30 s paused, the longest pause (apsi-memory.max-pause): "
+        "pressure high (free ≤ 25 % (held)) still; the group's memory: 788.5 MB used of 1.0 GB: pid 4242 (python3 "
+        "stranger.py) 600.0 MB, this worker 90.0 MB, 98.5 MB in no process's RSS (page cache, shared memory, the "
+        "kernel)")
+
+
+@pytest.mark.parametrize(("setting", "seconds"), [(None, 30.0), (5, 5.0), ("2 minutes", 120.0), (float("inf"), None)])
+def test_the_longest_pause_comes_from_the_dask_setting(setting: Any, seconds: float | None) -> None:
+    import dask
+
+    with dask.config.set({"apsi-memory.max-pause": setting}):
+        assert amd.PressurePlugin().max_pause == (float("inf") if seconds is None else seconds)
+    assert amd.PressurePlugin(max_pause=7).max_pause == 7.0
+    with pytest.raises(memory.ArgumentError, match="apsi-memory.max-pause"):
+        amd.max_pause_s(-1)
 
 
 def test_memory_limit_plugin_restarts_running_workers_with_the_new_limit(client: Any) -> None:

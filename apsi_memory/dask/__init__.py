@@ -22,7 +22,8 @@ Pausing
 -------
 dask un-pauses any paused worker whose RSS is under its pause fraction every 100 ms, so ``PressurePlugin`` owns
 pausing: it switches dask's own pause off on its worker and applies both rules (the pressure level, and RSS at the
-pause fraction of the limit).
+pause fraction of the limit). A pause always ends (``decide.worker_pause_step``): a worker resumes on its own need
+(its memory, and the group's free memory against its next tasks), and after ``MAX_PAUSE_S`` whatever holds it.
 
 ``tasks`` holds what runs on the workers for ``map`` and ``to_dask``.
 
@@ -36,6 +37,7 @@ import copy
 import logging
 import os
 import pickle
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ArgumentError, ArgumentTypeError, MissingExtraError
@@ -51,19 +53,52 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 from .. import decide
 from ..adapters.dask_workers import dask_workers_in_group, family
-from ..decide import DASK_PAUSE_FRACTION, Level, chunk_bytes, ram_tier_limit, worker_pause_cause
+from ..decide import (
+    DASK_PAUSE_FRACTION,
+    MAX_PAUSE_S,
+    MIN_CHUNK_BYTES,
+    Level,
+    PauseState,
+    WorkerReading,
+    chunk_bytes,
+    holders_text,
+    ram_tier_limit,
+    task_need_bytes,
+    worker_pause_step,
+)
 from ..machinery.machines import machine
 from ..machinery.watcher import relieve
 from ..units import fmt_size
+from .holders import group_holders
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
-           "follow_limit", "map_on_cluster", "to_dask", "worker_memory_limit"]
+           "follow_limit", "map_on_cluster", "max_pause_s", "to_dask", "worker_memory_limit"]
 
 WORKERS_ENV = "APSI_DASK_WORKERS"  # how many workers share this machine, for dask_setup (default: its nannies)
 # Under "distributed": its logging setup (INFO, to stderr) shows these lines in worker and cluster logs; ours alone
 # would need the caller to configure logging, and the limit line never appeared.
 logger = logging.getLogger("distributed.apsi_memory")
+
+
+MAX_PAUSE_SETTING = "apsi-memory.max-pause"
+
+
+def max_pause_s(given: float | None = None) -> float:
+    """Seconds a worker stays paused at most: ``given``, else the dask setting ``apsi-memory.max-pause`` (seconds,
+    or a duration such as ``"2 minutes"``), else ``decide.MAX_PAUSE_S``; ``float("inf")``: no bound."""
+    from dask.utils import parse_timedelta
+
+    value = given if given is not None else dask.config.get(MAX_PAUSE_SETTING, default=None)
+    try:
+        seconds = MAX_PAUSE_S if value is None else float(value) if isinstance(value, (int, float)) \
+            else float(parse_timedelta(value, default="s"))
+    except (TypeError, ValueError, KeyError):
+        seconds = -1.0
+    if not seconds >= 0:  # NaN too
+        raise ArgumentError(f"max pause {value!r} ({MAX_PAUSE_SETTING}): seconds a worker may stay paused, a number "
+                            "of at least 0, a duration such as '2 minutes', or float('inf') for no bound")
+    return seconds
 
 
 def worker_memory_limit(n_workers: int, nthreads: int = 1,
@@ -306,20 +341,25 @@ def _nannies_here(nanny: Any) -> int:
 class PressurePlugin(WorkerPlugin):
     """Every ``every`` seconds: pause the worker when the pressure level reaches ``level`` or its RSS reaches
     ``pause`` × its limit; at ``high`` spill half of what its ``SpillBuffer`` holds in RAM (all of it at
-    ``critical``, via the public ``evict()``); at ``critical`` also ``memory.relieve()``; resume once the level is
-    under ``level`` again (its own hysteresis) and RSS 10 points under the pause fraction
-    (``decide.worker_pause_cause``: never "back at ok", which memory held outside the workers can keep from them).
-    Each change is logged with ``worker.log_event`` under the topic ``apsi-pressure``, and each pause and resume
-    as a WARNING (logger ``distributed.apsi_memory``) naming its cause."""
+    ``critical``, via the public ``evict()``); at ``critical`` also ``memory.relieve()``. A paused worker resumes
+    on its own need (``decide.worker_pause_step``): its RSS 10 points under the pause fraction, and the level under
+    ``level`` again or the group's free memory enough for its next tasks (it then runs through that level); and
+    after ``max_pause`` seconds paused whatever holds it (default: the dask setting ``apsi-memory.max-pause``, else
+    ``decide.MAX_PAUSE_S``; ``float("inf")``: never), with a WARNING naming the signal and what holds the group's
+    memory. Each change is logged with ``worker.log_event`` under the topic ``apsi-pressure``, and each pause and
+    resume as a WARNING (logger ``distributed.apsi_memory``) naming its cause."""
 
     name = "apsi-pressure"
     topic = "apsi-pressure"
 
-    def __init__(self, level: Level | str = Level.HIGH, every: float = 0.5, pause: float = DASK_PAUSE_FRACTION):
+    def __init__(self, level: Level | str = Level.HIGH, every: float = 0.5, pause: float = DASK_PAUSE_FRACTION,
+                 max_pause: float | None = None):
         self.level, self.every, self.pause = Level.parse(level), every, pause
+        self.max_pause = max_pause_s(max_pause)
         self.worker: Any = None
         self.seen = Level.OK
         self.paused_here = False
+        self.state = PauseState()
 
     def setup(self, worker: Any) -> None:
         from tornado.ioloop import PeriodicCallback  # distributed's own event loop
@@ -339,7 +379,9 @@ class PressurePlugin(WorkerPlugin):
             callback.stop()
 
     def check(self) -> None:
-        level = machine().pressure().level
+        here = machine()
+        reading = here.pressure()
+        level = reading.level
         rss = int(self.worker.monitor.get_process_memory())
         limit = self.worker.memory_manager.memory_limit or 0
         if level != self.seen:
@@ -350,18 +392,40 @@ class PressurePlugin(WorkerPlugin):
         if level >= Level.CRITICAL:
             relieve()
             self._log("relieve", level, rss)
-        cause = worker_pause_cause(level, rss, limit, self.paused_here, self.level, self.pause)
-        if cause and self.worker.status == Status.running:
+        if self.paused_here and self.worker.status != Status.paused:  # resumed by someone else: ours no more
+            self.paused_here, self.state = False, replace(self.state, paused=False)
+        look = WorkerReading(level, rss, limit, reading.free_bytes, reading.usable_bytes, self._need(limit, rss),
+                             here.clock.now(), reading.cause)
+        step = worker_pause_step(look, self.state, self.level, self.pause, self.max_pause)
+        if step.change == "pause":
+            if self.worker.status != Status.running:
+                return  # closing, or paused by another: not ours to pause
             self.worker.status = Status.paused
-            self.paused_here = True
             self._log("pause", level, rss)
-            logger.warning("apsi_memory: worker %s paused: %s", self.worker.address, cause)
-        elif self.paused_here and not cause and self.worker.status == Status.paused:
+            logger.warning("apsi_memory: worker %s paused: %s", self.worker.address, step.why)
+        elif step.change is not None and self.paused_here and self.worker.status == Status.paused:
             self.worker.status = Status.running
-            self.paused_here = False
             self._log("resume", level, rss)
-            logger.warning("apsi_memory: worker %s resumed: pressure %s, worker memory %s of its limit",
-                           self.worker.address, level, f"{rss / limit:.0%}" if limit else "unlimited")
+            if step.change == "bounded":
+                used = max(0, reading.usable_bytes - reading.free_bytes)
+                logger.warning("apsi_memory: worker %s resumed after %.0f s paused, the longest pause "
+                               "(apsi-memory.max-pause): %s still; the group's memory: %s", self.worker.address,
+                               look.now - self.state.since, step.why,
+                               holders_text(used, reading.usable_bytes, group_holders(here.root), os.getpid()))
+            else:
+                logger.warning("apsi_memory: worker %s resumed: %s", self.worker.address, step.why)
+        self.state, self.paused_here = step.state, step.state.paused
+
+    def _need(self, limit: int, rss: int) -> int:
+        """What the worker's next tasks need (``decide.task_need_bytes``), from the chunk size dask arrays get."""
+        from dask.utils import parse_bytes
+
+        threads = int(getattr(self.worker, "nthreads", 1) or 1)
+        try:
+            chunk = int(parse_bytes(dask.config.get("array.chunk-size")))
+        except (TypeError, ValueError, KeyError):
+            chunk = chunk_bytes(limit, threads) if limit else MIN_CHUNK_BYTES
+        return task_need_bytes(threads, chunk, limit, rss, self.pause)
 
     def _spill(self, level: Level, rss: int) -> None:
         data = self.worker.data

@@ -3,9 +3,11 @@ the memory a worker gets, its chunk size and settings, when it pauses, and block
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from ..errors import ArgumentError
 from ..units import fmt_size
-from .levels import Level
+from .levels import LEVEL_TABLE, Level
 
 # -- dask workers (apsi_memory.dask) -------------------------------------------------------------------------------
 
@@ -69,7 +71,8 @@ def worker_pause_cause(level: Level, rss: int, limit: int, paused: bool, pause_l
     or more; a paused worker runs again once the level is under ``pause_level`` (the level table's own hysteresis:
     ``high`` is left above 25 % free, which a cluster whose workers are all paused can reach once they have spilled)
     and its RSS is ``DASK_RESUME_GAP`` under the fraction. Never "back at ok": memory held outside the workers (a
-    client's array at 70 % of the group) would keep them paused for good."""
+    client's array at 70 % of the group) would keep them paused for good. ``PressurePlugin`` applies
+    ``worker_pause_step``, which is this rule plus two ways out: its own need, and the longest pause."""
     if level >= pause_level:
         return f"pressure {level}"
     share = rss / limit if limit else 0.0
@@ -78,6 +81,166 @@ def worker_pause_cause(level: Level, rss: int, limit: int, paused: bool, pause_l
     if paused and share >= pause_fraction - DASK_RESUME_GAP:
         return f"worker memory {share:.0%} of its limit (resumes under {pause_fraction - DASK_RESUME_GAP:.0%})"
     return None
+
+
+# -- the pause that always ends (PressurePlugin) --------------------------------------------------------------------
+# ``worker_pause_cause`` alone left workers paused for good: ``high`` is left only above 25 % free, and a client or
+# neighbour holding the group at 75-80 % used keeps it there whatever the workers spill (a 1-second task hung 2 of
+# 2 times where dask alone finished). So a paused worker also resumes on its own need, and no pause outlasts
+# ``MAX_PAUSE_S``.
+
+# A worker paused by the group's level resumes once the group's free memory, less the critical line's reserve, holds
+# this many times what its next tasks need: workers paused together all resume on one reading, and the factor
+# leaves room for two of them; one that runs through the level pauses again under one time its need (hysteresis).
+RESUME_NEED_FACTOR = 2
+# The longest pause: after it the worker runs through the signal that paused it, with a WARNING naming it and what
+# holds the group's memory. Long enough for spilling (seconds) and for a neighbour's peak to pass; a pause that
+# lasts longer is held by memory the workers cannot free, and waiting on it is a hang.
+MAX_PAUSE_S = 30.0
+
+
+def task_need_bytes(nthreads: int, chunk: int, limit: int, rss: int,
+                    pause_fraction: float = DASK_PAUSE_FRACTION) -> int:
+    """What a worker's next tasks need of the group: ``CHUNKS_PER_TASK`` chunks of ``chunk`` bytes per thread, but
+    never more than it may grow before its own rule pauses it (``pause_fraction`` of ``limit`` less ``rss``; no
+    such cap with ``limit`` 0): a worker of 128 MiB chunks in a 384 MiB limit needs at most 307 MiB less its RSS."""
+    tasks = max(1, nthreads) * CHUNKS_PER_TASK * max(0, chunk)
+    return tasks if not limit else max(0, min(tasks, int(limit * pause_fraction) - rss))
+
+
+@dataclass(frozen=True)
+class WorkerReading:
+    """One look at a dask worker: its group's ``level`` (``signal``: the pressure reading's cause, such as
+    ``free ≤ 20 %``), its ``rss`` and ``limit`` (0: none), the group's ``free`` and ``usable`` bytes, what its next
+    tasks ``need`` (``task_need_bytes``) and the time ``now`` (seconds, any monotonic scale)."""
+
+    level: Level
+    rss: int
+    limit: int
+    free: int
+    usable: int
+    need: int
+    now: float = 0.0
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
+class PauseState:
+    """What ``worker_pause_step`` keeps between looks: ``paused`` since ``since``, for ``cause``; ``through``: the
+    level the worker runs through (it resumed on its own need or after ``MAX_PAUSE_S`` at that level: only a
+    worse one pauses it again); ``own_through``: its own memory was let through after the longest pause;
+    ``bounded``: the last resume was the longest pause's (the group's need is not looked at until the signals
+    clear)."""
+
+    paused: bool = False
+    since: float = 0.0
+    cause: str | None = None
+    through: Level | None = None
+    own_through: bool = False
+    bounded: bool = False
+
+
+@dataclass(frozen=True)
+class PauseStep:
+    """``worker_pause_step``'s answer: the next ``state``; ``change`` is ``pause``, ``resume`` or ``bounded`` (resumed
+    after the longest pause), None when nothing changes; ``why``: the cause of a pause, or what a resume rests on."""
+
+    state: PauseState
+    change: str | None = None
+    why: str = ""
+
+
+def critical_reserve(usable: int) -> int:
+    """What the group keeps free below a worker's next tasks: the free share that enters ``critical``."""
+    return int(usable * LEVEL_TABLE[Level.CRITICAL].enter_free)
+
+
+def worker_pause_step(reading: WorkerReading, state: PauseState, pause_level: Level = Level.HIGH,
+                      pause_fraction: float = DASK_PAUSE_FRACTION, max_pause_s: float = MAX_PAUSE_S) -> PauseStep:
+    """One look of ``PressurePlugin``: whether the worker pauses, stays paused, or resumes.
+
+    * It pauses at ``pause_level`` or above (a level it runs through aside), or with its RSS at ``pause_fraction``
+      of its limit, as ``worker_pause_cause``.
+    * A paused worker resumes on its own need: RSS ``DASK_RESUME_GAP`` under the fraction and, while the level is
+      still ``pause_level`` or above (never at ``critical``), the group's free memory less ``critical_reserve``
+      at least ``RESUME_NEED_FACTOR`` times ``reading.need``. It then runs through that level, pausing again only
+      at a worse one, or when the free memory falls under one time its need.
+    * No pause lasts over ``max_pause_s``: the worker then resumes and runs through the signals it had.
+    """
+    r, share = reading, (reading.rss / reading.limit if reading.limit else 0.0)
+    resume_at = pause_fraction - DASK_RESUME_GAP
+    # A signal let through is kept only while it lasts: a later entry into it pauses as the first did.
+    through = state.through if r.level >= pause_level else None
+    own_through = state.own_through and share >= resume_at
+    base = replace(state, through=through, own_through=own_through,
+                   bounded=state.bounded and (through is not None or own_through))
+    group = _group_cause(r, base, pause_level)
+    if not state.paused:
+        cause = _own_cause(share, pause_fraction, "pauses at", pause_fraction) if not own_through else None
+        cause = cause or group
+        if cause is None:
+            return PauseStep(base)
+        return PauseStep(replace(base, paused=True, since=r.now, cause=cause), "pause", cause)
+    cause = _own_cause(share, resume_at, "resumes under", resume_at) if not own_through else None
+    cause = cause or group
+    if cause is not None and r.now - state.since >= max_pause_s:
+        let = r.level if r.level >= pause_level else None
+        return PauseStep(PauseState(through=let, own_through=share >= resume_at, bounded=True), "bounded", cause)
+    if cause is not None:
+        return PauseStep(replace(base, cause=cause))
+    running = replace(base, paused=False, since=0.0, cause=None)
+    if r.level < pause_level:
+        return PauseStep(running, "resume", f"pressure {r.level}, worker memory {_share_text(share, r.limit)} of "
+                                            "its limit")
+    why = (f"{_signal(r)} still, but its own need fits: worker memory {_share_text(share, r.limit)} of its limit, "
+           f"{fmt_size(r.free)} free in the group for the {fmt_size(r.need)} its next tasks need")
+    return PauseStep(replace(running, through=max(r.level, through or r.level)), "resume", why)
+
+
+def _own_cause(share: float, at: float, says: str, fraction: float) -> str | None:
+    if share >= at:
+        return f"worker memory {share:.0%} of its limit ({says} {fraction:.0%})"
+    return None
+
+
+def _share_text(share: float, limit: int) -> str:
+    return f"{share:.0%}" if limit else "unlimited"
+
+
+def _signal(r: WorkerReading) -> str:
+    return f"pressure {r.level}" + (f" ({r.signal})" if r.signal else "")
+
+
+def _group_cause(r: WorkerReading, state: PauseState, pause_level: Level) -> str | None:
+    """Why the group's memory keeps the worker paused (or pauses it); None when it may run."""
+    if r.level < pause_level:
+        return None
+    reserve = critical_reserve(r.usable)
+    room = r.free - reserve
+    if state.through is not None and r.level <= state.through:  # a level it runs through
+        factor = RESUME_NEED_FACTOR if state.paused else 1
+        if state.bounded or room >= factor * r.need:
+            return None
+        return (f"{_signal(r)} and {fmt_size(max(0, r.free))} free in the group, under the "
+                f"{fmt_size(factor * r.need + reserve)} it {'resumes' if state.paused else 'runs'} at ({factor} × "
+                f"the {fmt_size(r.need)} its next tasks need, and {fmt_size(reserve)} kept free)")
+    if not state.paused or r.level >= Level.CRITICAL or room < RESUME_NEED_FACTOR * r.need:
+        return _signal(r)  # entering the level pauses first: the pause spills, then its own need is looked at
+    return None
+
+
+def holders_text(used: int, usable: int, holders: list[tuple[int, str, int]], own_pid: int, top: int = 4) -> str:
+    """What holds a group's memory, for the longest pause's WARNING: ``used`` of ``usable`` bytes, then the ``top``
+    biggest ``holders`` (pid, name, RSS bytes; ``own_pid`` named "this worker"), then what no process holds."""
+    biggest = sorted(holders, key=lambda h: (-h[2], h[0]))[:top]
+    parts = [f"{'this worker' if pid == own_pid else f'pid {pid} ({name})'} {fmt_size(rss)}" for pid, name, rss in biggest]
+    rest = len(holders) - len(biggest)
+    if rest:
+        parts.append(f"{rest} more {fmt_size(sum(h[2] for h in holders) - sum(h[2] for h in biggest))}")
+    outside = used - sum(h[2] for h in holders)
+    if outside > 0:
+        parts.append(f"{fmt_size(outside)} in no process's RSS (page cache, shared memory, the kernel)")
+    return f"{fmt_size(used)} used of {fmt_size(usable)}" + (": " + ", ".join(parts) if parts else "")
 
 
 # p2p rechunks and shuffles hold, on each worker and outside its spillable data, up to ``distributed.p2p.comm.buffer``
