@@ -15,6 +15,7 @@ prints the out-of-memory at batch 1024 (16 MB of activations against 8 MB) and t
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 
 import numpy as np
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--device-mb", type=float, default=8, help="memory the activations may take")
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")  # fit_batch's halvings are WARNINGs
 
     rng = np.random.default_rng(0)
     x = memory.array([args.samples, args.features], "float64")  # RAM if it fits the budget, else the SSD

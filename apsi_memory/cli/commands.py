@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -125,6 +126,9 @@ def _show(reading: object, as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # The library's loggers print nothing unconfigured (a NullHandler); the command line shows their warnings as
+    # bare lines on stderr, as Python's last-resort handler did (a program that configured logging keeps its own).
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)
     parser = _parser(json_errors="--json" in argv)
     args = parser.parse_args(argv)
     if args.command == "dask-limit":
