@@ -15,7 +15,8 @@ from apsi_memory import decide
 from apsi_memory.decide import LEVEL_TABLE, LEVELS, Level, Place, pressure_level
 from apsi_memory.errors import ArgumentError
 
-PURE_MODULES = ["decide/__init__.py", "decide/levels.py", "decide/memory.py", "decide/workers.py", "units.py", "errors.py",
+PURE_MODULES = ["decide/__init__.py", "decide/levels.py", "decide/memory.py", "decide/workers.py", "decide/v2.py",
+                "decide/batchcap.py", "units.py", "errors.py",
                 "blocks/rules.py"]
 IO_MODULES = {"os", "psutil", "pathlib", "io", "shutil", "subprocess", "socket", "time", "mmap", "ctypes"}
 

@@ -4,7 +4,7 @@ The adapters (``apsi_memory.adapters``) read the kernel's files and hand plain n
 public API glues the two. Keeping the rules here, as data tables, makes every documented behaviour testable with
 integers and lets property tests check monotonicity without a machine. ``levels`` holds the pressure levels (its
 docstring is their theory of operation), ``memory`` the budget, placement, eviction, batches, memory limits and
-relief, ``v2`` what only cgroup v2 has (``memory.high`` throttling, ``memory.oom.group``), ``workers`` the rules
+relief, ``batchcap`` the address-space cap ``fit_batch`` sets while a step runs, ``v2`` what only cgroup v2 has (``memory.high`` throttling, ``memory.oom.group``), ``workers`` the rules
 of Dask workers; every name is re-exported here (``decide.place``).
 
 May import: nothing of ours but errors and units.
@@ -12,6 +12,7 @@ May import: nothing of ours but errors and units.
 
 from __future__ import annotations
 
+from .batchcap import CAP_MARGIN_BYTES, CAP_MARGIN_SHARE, address_space_cap, cap_margin, why_not_cap
 from .levels import (
     HOST_SHORT_FREE,
     LEVEL_TABLE,
@@ -94,6 +95,8 @@ from .workers import (
 )
 
 __all__ = [
+    "CAP_MARGIN_BYTES",
+    "CAP_MARGIN_SHARE",
     "CHUNKS_PER_TASK",
     "CLUSTER_MAX_IN_FLIGHT",
     "DASK_OUTSIDE_WORKERS_BYTES",
@@ -130,9 +133,11 @@ __all__ = [
     "Relief",
     "Thresholds",
     "WorkerReading",
+    "address_space_cap",
     "arrays_to_move",
     "binding_level",
     "bytes_to_free",
+    "cap_margin",
     "charged_levels",
     "chunk_bytes",
     "cluster_blocks_in_flight",
@@ -162,6 +167,7 @@ __all__ = [
     "throttle_level",
     "throttled",
     "usable_memory",
+    "why_not_cap",
     "worker_memory_limit",
     "worker_pause_cause",
     "worker_pause_step",

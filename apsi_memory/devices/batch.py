@@ -18,6 +18,12 @@ A ``BlockError`` from ``memory.map`` counts as what it chains, so a ``fit_batch`
 Everything else passes through untouched. accelerate also retries on ``cuDNN error: CUDNN_STATUS_NOT_SUPPORTED``;
 we do not, because that error also means a genuinely unsupported input and halving would hide it.
 
+While ``fn`` runs, the process's address space is capped (``RLIMIT_AS`` = VmSize + the group's free memory less a
+margin, ``addresscap``): in a memory cgroup the kernel OOM-kills instead of failing an allocation, and the cap turns the
+allocation that would have been killed into a ``MemoryError`` (NumPy) or ``DefaultCPUAllocator`` error (PyTorch).
+No cap where a GPU framework is in use (CUDA reserves address space far beyond RAM), on a simulated machine, off
+Linux, or with ``cap_address_space=False``; the limits before the try are restored after it, also on errors.
+
 Between tries, in this order: the exception is dropped, garbage is collected, then the GPU caches of frameworks
 the program already imported are emptied (``torch.cuda.empty_cache``, CuPy's device and pinned pools) — a pool
 gives back its own cache before it fails, but not another framework's — and after a CPU out-of-memory the
@@ -44,6 +50,7 @@ from typing import Generic, TypeVar
 from ..decide import halve_batch
 from ..errors import ArgumentError, ArgumentTypeError, BatchTooSmallError, BlockError
 from ..machinery.machines import machine
+from .addresscap import capped
 
 log = logging.getLogger("apsi_memory.batch")  # the documented logger name (docs: "What it logs")
 
@@ -98,17 +105,24 @@ class _OutOfMemory:
     summary: str
 
 
-def fit_batch(fn: Callable[[int], T], batch: int, min_batch: int = 1) -> tuple[T, int]:
+def fit_batch(fn: Callable[[int], T], batch: int, min_batch: int = 1, *,
+              cap_address_space: bool = True) -> tuple[T, int]:
     """``fn(batch)``, halving ``batch`` on out-of-memory; returns ``(result, batch_that_worked)``.
 
     Raises ``BatchTooSmallError`` (a ``MemoryError``) chained to the last out-of-memory error when even
     ``min_batch`` does not fit. Any other exception from ``fn`` propagates unchanged.
+
+    ``cap_address_space``: cap ``RLIMIT_AS`` near VmSize + the free memory while ``fn`` runs, so that in a memory
+    cgroup a batch too big fails with ``MemoryError`` instead of being OOM-killed (never with a GPU framework in
+    use; ``False``: never).
     """
     _check_arguments(fn, batch, min_batch)
+    if not isinstance(cap_address_space, bool):
+        raise ArgumentTypeError(f"fit_batch: cap_address_space must be True or False, not {cap_address_space!r}")
     tried: list[int] = []
     while True:
         tried.append(batch)
-        outcome = _try(fn, batch, min_batch, tried)
+        outcome = _try(fn, batch, min_batch, tried, cap_address_space)
         if isinstance(outcome, _Done):
             return outcome.result, batch
         # Out here the failed call's exception is gone, so what its frames held can be freed.
@@ -119,9 +133,13 @@ def fit_batch(fn: Callable[[int], T], batch: int, min_batch: int = 1) -> tuple[T
         batch = smaller
 
 
-def _try(fn: Callable[[int], T], batch: int, min_batch: int, tried: list[int]) -> _Done[T] | _OutOfMemory:
+def _try(fn: Callable[[int], T], batch: int, min_batch: int, tried: list[int],
+         cap: bool) -> _Done[T] | _OutOfMemory:
     try:
-        return _Done(fn(batch))
+        # the cap is lifted before the error is handled: what follows may allocate and must not fail for it
+        with capped(cap):
+            result = fn(batch)
+        return _Done(result)
     except Exception as exc:
         kind = oom_kind(exc)
         if kind is None:

@@ -4,7 +4,10 @@ PyTorch's DefaultCPUAllocator a RuntimeError — without using that memory (the 
 
 The step holds a first activation of batch/2 MB while it allocates batch MB: 1024 and 512 do not fit (1536, 768 MB),
 256 does (384 MB) — but only once the failed tries' activations are freed. The simple retry inside ``except``
-still holds them and fits nothing, which the control run shows for the same limit."""
+still holds them and fits nothing, which the control run shows for the same limit.
+
+fit_batch's own address-space cap (VmSize + free memory) is far above this limit here, so the child's own, lower
+RLIMIT_AS stays as it is. In a memory cgroup, where the kernel OOM-kills instead: test_fit_batch_cgroup.py."""
 
 from __future__ import annotations
 
