@@ -140,8 +140,9 @@ def _size_bytes(value: float | str, unit: int, what: str) -> int:
 def _size_text(text: str, what: str) -> int:
     # A bare number in a string would be GB to parse_size: "512" for ram_mb must not mean 512 GB.
     if not text.strip().rstrip("0123456789.eE+-").strip():
-        raise SizeError(f"{what}={text!r} has no unit; write {what}='{text.strip()}MB' or '{text.strip()}GB', "
-                        f"or a number ({what} as a number is {'MB' if what == 'ram_mb' else 'GB'})")
+        shown = text.strip()
+        raise SizeError(f"{what}={text!r} has no unit; write {what}={shown + 'MB'!r} or {shown + 'GB'!r}, or a "
+                        f"number ({what} as a number is {'MB' if what == 'ram_mb' else 'GB'})")
     try:
         return parse_size(text)
     except SizeError as exc:
