@@ -11,8 +11,16 @@ functions loaded with ``ctypes.PyDLL``, which keep the GIL): no Python bytecode 
 thread can take the GIL and fault. Threads that released the GIL (NumPy's large copies) fault, wait, and continue
 on the file mapping once woken.
 
-``available()`` says why write protection cannot be had here (not Linux, a kernel before 6.4 without write
-protection of pages never touched, a seccomp filter or sysctl refusing ``userfaultfd``), or ``None``.
+``available()`` says why write protection cannot be had here (not Linux, a kernel without it, a seccomp filter or
+sysctl refusing ``userfaultfd``), or ``None``.
+
+Pages never touched
+-------------------
+Before Linux 6.4 (``UFFD_FEATURE_WP_UNPOPULATED``) write protection marks only pages that are there: a write to a
+page the array never touched would fault in a fresh page unseen, during the copy, and be lost under the file
+mapping (Debian 12's 6.1 refused the feature, and nothing moved). There, each piece is first read-populated
+(``MADV_POPULATE_READ``, Linux 5.14): its untouched pages map the shared zero page, which takes no memory and which
+write protection does mark. A kernel with neither has no write protection here.
 
 Without it, memory may be moved only while no other thread can write to it. Python's thread count misses threads
 started with ``_thread`` and native ones (OpenMP, BLAS, a C extension's), so ``other_writers()`` counts the
@@ -36,12 +44,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import SystemCallError
+from .libc import madvise
 
 _SYSCALL = {"x86_64": 323, "aarch64": 282}.get(platform.machine())
 _USER_MODE_ONLY = 1  # UFFD_USER_MODE_ONLY: kernel-mode faults are not ours (allowed without privilege)
 _API = 0xAA
 _FEATURE_WP = 1 << 0  # UFFD_FEATURE_PAGEFAULT_FLAG_WP
 _FEATURE_WP_UNPOPULATED = 1 << 13  # pages never touched are protected too (Linux 6.4)
+_MADV_POPULATE_READ = 22  # Linux 5.14: map what is not there, read-only (the zero page for anonymous memory)
 _REGISTER_MODE_WP = 2
 _WRITEPROTECT_MODE_WP = 1
 # _IOWR/_IOR(0xAA, nr, struct): the sizes are those of uffdio_api (24), uffdio_register (32), uffdio_range (16),
@@ -128,8 +138,8 @@ def _calls() -> dict[str, Any] | None:
     return calls
 
 
-def _open(user_mode_only: bool) -> int:
-    """A new userfaultfd descriptor with write protection enabled, or ``-errno``."""
+def _open(user_mode_only: bool, features: int) -> int:
+    """A new userfaultfd descriptor with write protection and ``features`` enabled, or ``-errno``."""
     calls = _calls()
     if calls is None or _SYSCALL is None:
         return -errno.ENOSYS
@@ -137,7 +147,7 @@ def _open(user_mode_only: bool) -> int:
     fd = int(calls["syscall"](ctypes.c_long(_SYSCALL), ctypes.c_long(flags)))
     if fd < 0:
         return -ctypes.get_errno()
-    api = _Api(_API, _FEATURE_WP | _FEATURE_WP_UNPOPULATED, 0)
+    api = _Api(_API, _FEATURE_WP | features, 0)
     if calls["ioctl"](fd, _UFFDIO_API, ctypes.byref(api)) != 0:
         code = ctypes.get_errno()
         os.close(fd)
@@ -145,21 +155,40 @@ def _open(user_mode_only: bool) -> int:
     return fd
 
 
-def _new() -> tuple[int, str | None]:
-    """A descriptor, or -1 and why not. Kernel-mode faults too where we may (a ``read()`` into the array waits like
-    a store does); else user-mode only, where such a ``read()`` fails with EFAULT during the move."""
-    fd = _open(user_mode_only=False)
-    if fd < 0:
-        fd = _open(user_mode_only=True)
-    if fd < 0:
-        return -1, f"userfaultfd write protection is not available here ({os.strerror(-fd)})"
-    return fd, None
+# The features asked for, best first: untouched pages protected by the kernel, else by populating each piece first.
+WANTED = (_FEATURE_WP_UNPOPULATED, 0)
+
+
+def _new() -> tuple[int, bool, str | None]:
+    """A descriptor, whether its pieces must be populated first, or -1 and why not. Kernel-mode faults too where we
+    may (a ``read()`` into the array waits like a store does); else user-mode only, where such a ``read()`` fails
+    with EFAULT during the move."""
+    fd = -errno.ENOSYS
+    for features in WANTED:
+        if features == 0 and not _can_populate():
+            break
+        for user_mode_only in (False, True):
+            fd = _open(user_mode_only, features)
+            if fd >= 0:
+                return fd, features == 0, None
+    return -1, False, f"userfaultfd write protection is not available here ({os.strerror(-fd)})"
+
+
+@functools.cache
+def _can_populate() -> bool:
+    """Whether this kernel takes ``MADV_POPULATE_READ`` (Linux 5.14), tried on a page of our own."""
+    with mmap.mmap(-1, mmap.PAGESIZE) as page:
+        try:
+            page.madvise(_MADV_POPULATE_READ)
+        except OSError:  # EINVAL: an older kernel
+            return False
+        return True
 
 
 @functools.cache
 def available() -> str | None:
     """``None`` where write protection works; else why not (asked once per process)."""
-    fd, why = _new()
+    fd, _, why = _new()
     if fd >= 0:
         os.close(fd)
     return why
@@ -180,7 +209,7 @@ class Guard:
     """A registered range of anonymous memory (``address`` page-aligned) whose pieces move one call at a time."""
 
     def __init__(self, address: int, length: int) -> None:
-        fd, why = _new()
+        fd, self.populate, why = _new()
         if fd < 0:
             raise SystemCallError(errno.ENOSYS, why or "userfaultfd")
         self.fd = fd
@@ -200,6 +229,10 @@ class Guard:
         (see the module docstring). Raises ``SystemCallError`` if the copy or the mapping failed; the writers are
         woken either way."""
         ioctl, pages = self._calls["ioctl"], page_up(length)
+        # Before the protection (see the module docstring); a page a writer faults in meanwhile is there, and marked.
+        if self.populate and not madvise(address, pages, _MADV_POPULATE_READ):
+            raise SystemCallError(ctypes.get_errno() or errno.EINVAL, f"could not populate {length} bytes at "
+                                  f"{address:#x} before protecting them")
         protect, wake = _Protect(_Range(address, pages), _WRITEPROTECT_MODE_WP), _Range(address, pages)
         flags = mmap.MAP_SHARED | _MAP_FIXED
         chain = (functools.partial(ioctl, self.fd, _UFFDIO_WRITEPROTECT, ctypes.byref(protect)),

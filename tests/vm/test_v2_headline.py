@@ -9,8 +9,8 @@
   root is ``/..``): ``limits()`` reads the group's 512 MiB, not the host;
 * ``memory.high`` below ``memory.max``: a job above ``high`` is throttled, not killed (``high`` events rising), and
   ``pressure()`` is at least ``high``, its cause naming ``memory.high``, while it is (``decide.v2``);
-* a 288 MiB RAM array beside a neighbour growing to 256 MiB: it moves to a spill file (``numpy``: killed) — a strict
-  xfail where the kernel gives no userfaultfd write protection (Debian 12's 6.1, as the library asks for it).
+* a 288 MiB RAM array beside a neighbour growing to 256 MiB: it moves to a spill file (``numpy``: killed), on 6.1
+  with its pieces read-populated before they are write-protected (no ``UFFD_FEATURE_WP_UNPOPULATED`` before 6.4).
 
 Each prints its figure: the group's limit, the outcome (killed / survived / where placed), the kernel's counters
 (``group.describe()``). They run in the VM of the tox env 'vm' (``vm/ci.sh``); elsewhere they skip, saying why.
@@ -210,20 +210,10 @@ def test_memory_high_throttles_and_pressure_says_so(v2_group: Group, tmp_path: P
 PAUSE = os.environ.get("APSI_TEST_NEIGHBOUR_PAUSE", "0.5")  # between the neighbour's 16 MiB steps
 
 
-def _no_write_protection() -> str | None:
-    from apsi_memory.system import uffd
-
-    return uffd.available()
-
-
-# Found here: Debian 12's kernel (6.1) refuses the userfaultfd API call the library makes (it asks for
-# UFFD_FEATURE_WP_UNPOPULATED, Linux 6.4, with WP): EINVAL, so "write protection is not available" and the watcher
-# may not move an array its own thread is writing; the job is killed with the control. Strict: passing is news.
-MOVES = [pytest.param("memory.array", marks=pytest.mark.xfail(
-             condition=sys.platform == "linux" and _no_write_protection() is not None, strict=True,
-             reason="no userfaultfd write protection on this kernel (6.1: the library asks for a 6.4 feature), so "
-                    "the array its own thread writes cannot move from the watcher")),
-         "numpy"]
+# Found here: Debian 12's kernel (6.1) refused the userfaultfd API call the library made (it asked for
+# UFFD_FEATURE_WP_UNPOPULATED, Linux 6.4): nothing moved and the job was killed with the control. Now each piece is
+# read-populated first where the feature is missing (system/uffd.py), and the array moves.
+MOVES = ["memory.array", "numpy"]
 
 
 @pytest.mark.timeout(300)
