@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from ..errors import BlockError, ChunkError
+from ..system.interrupts import interrupts_kept
 
 Spans = Sequence[tuple[int, int]]  # a list, or the dask engine's EvenSpans (two numbers, for any count)
 BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
@@ -53,33 +54,37 @@ def run_in_order(count: int, in_flight: int, submit: Callable[[int], F], wait_fo
     """Blocks ``start..count-1`` submitted in row order, at most ``in_flight`` at once, ``done(index)`` called as
     each finishes (in row order among those finishing together). When blocks fail, no block is submitted any
     more, those running finish (an earlier one may fail too), and the error of the first failing block in row
-    order is raised. ``on_stop`` is called once the run stops early (a failure, or an interrupt)."""
+    order is raised. ``on_stop`` is called once the run stops early (a failure, or an interrupt). A Ctrl-C stops
+    the run even when it arrived inside a finalizer, which Python would have swallowed (``interrupts_kept``)."""
     running: set[F] = set()
     index_of: dict[F, int] = {}
     upcoming = iter(range(start, count))
     try:
-        while True:
-            for index in upcoming:
-                future = submit(index)
-                running.add(future)
-                index_of[future] = index
-                if len(running) >= in_flight:
-                    break
-            if not running:
-                return
-            finished, running = wait_for(running, FIRST_COMPLETED)
-            failed = [future for future in finished if future.exception() is not None]
-            if failed:
-                stop.at(min(index_of[future] for future in failed))
-                on_stop()
-                rest, _ = wait_for(running, ALL_COMPLETED)  # earlier blocks still run, and may fail first
-                failed += [future for future in rest if future.exception() is not None]
-                first = min(failed, key=index_of.__getitem__).exception()
-                assert first is not None
-                raise first
-            for future in sorted(finished, key=index_of.__getitem__):
-                del index_of[future]  # a finished future is not kept: on a cluster it would hold its result
-                done(future.result())
+        with interrupts_kept() as interrupted:
+            while True:
+                for index in upcoming:
+                    future = submit(index)
+                    running.add(future)
+                    index_of[future] = index
+                    if len(running) >= in_flight:
+                        break
+                if not running:
+                    return
+                finished, running = wait_for(running, FIRST_COMPLETED)
+                interrupted()
+                failed = [future for future in finished if future.exception() is not None]
+                if failed:
+                    stop.at(min(index_of[future] for future in failed))
+                    on_stop()
+                    rest, _ = wait_for(running, ALL_COMPLETED)  # earlier blocks still run, and may fail first
+                    failed += [future for future in rest if future.exception() is not None]
+                    first = min(failed, key=index_of.__getitem__).exception()
+                    assert first is not None
+                    raise first
+                for future in sorted(finished, key=index_of.__getitem__):
+                    del index_of[future]  # a finished future is not kept: on a cluster it would hold its result
+                    done(future.result())
+                    interrupted()  # dropping a future runs its finalizer, where a Ctrl-C is swallowed
     except BaseException:
         stop.at(0)
         on_stop()
