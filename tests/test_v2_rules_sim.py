@@ -1,5 +1,5 @@
 """What only cgroup v2 has (issue 27, item 3): ``memory.high`` throttling and ``memory.oom.group``, on sim trees read
-by the real adapters. The same rules on the real kernel: tests/vm/test_v2_rules.py."""
+by the real adapters. The same rules on the real kernel: tests/vm/test_v2_headline.py and tests/vm/test_v2_edges.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 import apsi_memory as memory
 from apsi_memory import decide
 from apsi_memory.decide import Level
+from apsi_memory.machinery.machines import machine
 from sim import tree as machines
+from sim.clock import FakeClock
 from sim.tree import GiB, MiB, SimTree
 
 BuildMachine = Callable[..., SimTree]
@@ -41,6 +43,23 @@ def test_rising_high_events_raise_the_level_to_high(sim_machine: BuildMachine) -
     assert throttled.throttled_s is not None and throttled.cause == "throttled at memory.high"
     assert str(throttled).endswith("— throttled at memory.high")
     assert throttled.to_dict()["throttled_s"] == throttled.throttled_s
+
+
+def test_throttling_ends_after_its_window_on_the_machines_clock(sim_machine: BuildMachine) -> None:
+    # The machine's clock is the one seam time goes through: on a FakeClock, 10 s without a new high event end the
+    # throttled state without a real second passing (it once read time.monotonic(), and stayed throttled).
+    tree = sim_machine(machines.memory_high_below_max, high=512 * MiB, current=300 * MiB, high_events=0)
+    clock = machine().clock
+    assert isinstance(clock, FakeClock)
+    memory.pressure()
+    tree.v2_events(JOB, high=25)
+    assert memory.pressure().throttled_s == 0
+    clock.advance(decide.THROTTLE_WINDOW_S - 1)
+    still = memory.pressure()
+    clock.advance(2)
+    after = memory.pressure()
+    assert (still.level, still.throttled_s) == (Level.HIGH, decide.THROTTLE_WINDOW_S - 1), still
+    assert (after.level, after.throttled_s, after.cause) == (Level.OK, None, None), after
 
 
 def test_control_high_events_that_do_not_rise_leave_the_level_alone(sim_machine: BuildMachine) -> None:

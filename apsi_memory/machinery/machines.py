@@ -42,7 +42,7 @@ class Machine:
     def __init__(self, root: str | None = None, clock: Clock | None = None,
                  siblings: Siblings | None | bool = True) -> None:
         self.clock: Clock = SystemClock() if clock is None else checked_clock(clock, "Machine: clock")
-        self.reader = MemoryReader(root)  # its kernel files stay open until the machine is collected
+        self.reader = MemoryReader(root, self.clock)  # its kernel files stay open until the machine is collected
         # The reservation ledger of the group: the process's own on the real machine (True), none over a fake tree
         # (its processes are not this machine's) or when None/False is given, or the one given.
         if siblings is True:
@@ -65,7 +65,7 @@ class Machine:
 
     @root.setter
     def root(self, root: str) -> None:
-        old, self.reader = self.reader, MemoryReader(root)
+        old, self.reader = self.reader, MemoryReader(root, self.clock)
         self.tracker.measure = partial(_measure_level, self.reader)
         old.close()
 

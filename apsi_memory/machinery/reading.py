@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..adapters.cgroup import CgroupMemory, Layout, read_cgroup_memory, read_layout
+from ..adapters.clock import Clock, SystemClock
 from ..adapters.files import KernelFiles
 from ..adapters.procfs import MemInfo, read_meminfo
 from ..adapters.psi import Psi, read_psi
@@ -80,8 +80,9 @@ class MemoryReader:
     is while ``/proc/self/cgroup`` and ``mountinfo`` read the same. Limits, usage and PSI are read afresh every
     time (a pod is resized in place). One reading at a time: readings from several threads wait for each other."""
 
-    def __init__(self, root: str | None = None) -> None:
+    def __init__(self, root: str | None = None, clock: Clock | None = None) -> None:
         self.root = resolve(root)
+        self.clock: Clock = SystemClock() if clock is None else clock  # the machine's: how long throttling lasts
         self.files = KernelFiles(self.root)
         self._layout: Layout | None = None
         self._lock = threading.Lock()
@@ -99,7 +100,7 @@ class MemoryReader:
         already there at the first reading tells nothing of now."""
         count = reading.cgroup.high_events if reading.cgroup is not None else None
         before, rose_at = self._high
-        now = time.monotonic()
+        now = self.clock.now()
         rose_at = now if high_events_rose(before, count) else rose_at
         self._high = count, rose_at if count is not None else None
         if count is None or rose_at is None:
