@@ -68,15 +68,7 @@ def parse_bytes(text: str, path: str) -> int:
 
 def parse_memory_stat(text: str, path: str) -> dict[str, int]:
     """``memory.stat``: ``name value`` lines (both versions)."""
-    stats = {}
-    for line in text.splitlines():
-        words = line.split()
-        if not words:
-            continue
-        if len(words) != 2:
-            raise CorruptFileError(path, f"line {line!r} is not 'name value'")
-        stats[words[0]] = parse_bytes(words[1], path)
-    return stats
+    return cgroup_v2.parse_flat_keyed(text, path, parse_bytes, "value")
 
 
 def parse_stat_fields(text: str, path: str, names: tuple[str, ...]) -> dict[str, int]:
@@ -146,10 +138,10 @@ def locate(entries: list[CgroupEntry], mounts: list[Mount], version: int) -> Loc
     if _climbs(entry.path) and (found is None or _climbs(found[1])):
         return Location(entry, candidates[0].mount_point, candidates[0].mount_point, problem=(
                 f"group {entry.path} is outside this cgroup namespace and no mount shows it: not read"))
-    depth = max((cgroupns.climbs_only(m.root) for m in candidates), default=0)
-    if found is None and depth:
-        mount = next(m for m in candidates if cgroupns.climbs_only(m.root) == depth)
-        return Location(entry, mount.mount_point, mount.mount_point, search_depth=depth)
+    depth, deepest = max(((cgroupns.climbs_only(m.root), m) for m in candidates), key=lambda pair: pair[0],
+                         default=(0, None))
+    if found is None and deepest is not None and depth:
+        return Location(entry, deepest.mount_point, deepest.mount_point, search_depth=depth)
     if found is None:
         # Peers split here; the JVM reads the mount point, and so do we, but say so.
         return Location(entry, candidates[0].mount_point, candidates[0].mount_point, guessed=True)

@@ -4,24 +4,32 @@ kernel throttled a level over ``memory.high``) and ``memory.oom.group``."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..decide import oom_group_at
 from ..errors import CorruptFileError
 from .files import KernelFiles
 
 
-def parse_events(text: str, path: str) -> dict[str, int]:
-    """``memory.events``: ``name count`` lines."""
-    counts = {}
+def parse_flat_keyed(text: str, path: str, value: Callable[[str, str], int | None], what: str) -> dict[str, int]:
+    """A "flat keyed" file (the kernel's cgroup-v2.rst): ``name value`` lines, as ``memory.stat`` (both versions)
+    and ``memory.events``; the last of a repeated name wins. ``value(word, path)``: the number, or None where the
+    word is not a ``what``."""
+    found = {}
     for line in text.splitlines():
         words = line.split()
         if not words:
             continue
-        if len(words) != 2 or not words[1].isdigit():
-            raise CorruptFileError(path, f"line {line!r} is not 'name count'")
-        counts[words[0]] = int(words[1])
-    return counts
+        number = value(words[1], path) if len(words) == 2 else None
+        if number is None:
+            raise CorruptFileError(path, f"line {line!r} is not 'name {what}'")
+        found[words[0]] = number
+    return found
+
+
+def parse_events(text: str, path: str) -> dict[str, int]:
+    """``memory.events``: ``name count`` lines."""
+    return parse_flat_keyed(text, path, lambda word, _: int(word) if word.isdigit() else None, "count")
 
 
 def high_events(source: KernelFiles, directories: Sequence[str]) -> int | None:
