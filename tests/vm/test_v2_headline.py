@@ -18,64 +18,16 @@ Each prints its figure: the group's limit, the outcome (killed / survived / wher
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.realcg import ChildGroup
+from tests.vm.v2_run import LIMIT, Group, MiB, finish, last_json, outcome, start_job
 
 pytestmark = pytest.mark.vm
-
-MiB = 1 << 20
-LIMIT = 512 * MiB
-ROOT = str(Path(__file__).resolve().parents[2])  # the checkout: the jobs import tests.real
-JOBS = ["-m", "tests.vm.v2_jobs"]
-Group = Callable[..., ContextManager[ChildGroup]]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {**os.environ, "APSI_SPILL_DIR": str(tmp_path / "spill"), "APSI_LEDGER_DIR": str(tmp_path / "ledger")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    env.pop("APSI_RAM_BUDGET", None)
-    return env
-
-
-def _start(group: ChildGroup, tmp_path: Path, *argv: str, prefix: tuple[str, ...] = (),
-           stdin: int | None = None) -> subprocess.Popen[str]:
-    """A job of ``v2_jobs`` in ``group`` (behind ``prefix``, e.g. ``unshare -C``), its output piped."""
-    return subprocess.Popen(group.wrap([*prefix, sys.executable, *JOBS, *argv]), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=stdin, text=True, env=_env(tmp_path), cwd=ROOT)
-
-
-def _finish(job: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
-    try:
-        out, err = job.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        job.kill()
-        out, err = job.communicate(30)
-    return job.returncode, out, err
-
-
-def _last_json(out: str) -> dict[str, Any] | None:
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith("{"):
-            return dict(json.loads(line))
-    return None
-
-
-def _outcome(status: int, result: dict[str, Any] | None, kills: int) -> str:
-    if kills or status < 0:
-        return f"killed (exit {status}, {kills} OOM kills)"
-    return f"survived, {result}" if result is not None else f"exit {status}, no result"
-
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("kind", ["memory.array", "numpy.ones"])
@@ -83,9 +35,9 @@ def test_1gib_in_a_512mib_memory_max_group(v2_group: Group, tmp_path: Path, kind
     """memory.array: on the SSD, filled, every byte right, 0 kills. The control, numpy.ones: OOM-killed."""
     with v2_group(LIMIT, prefix="apsi-vm-big") as group:
         started = time.monotonic()
-        status, out, err = _finish(_start(group, tmp_path, "big", kind, "1024"), 360)
-        result, kills = _last_json(out), group.oom_kills()
-        print(f"\n{kind} 1 GiB in memory.max {LIMIT // MiB} MiB: {_outcome(status, result, kills)}, "
+        status, out, err = finish(start_job(group, tmp_path, "big", kind, "1024"), 360)
+        result, kills = last_json(out), group.oom_kills()
+        print(f"\n{kind} 1 GiB in memory.max {LIMIT // MiB} MiB: {outcome(status, result, kills)}, "
               f"{time.monotonic() - started:.0f} s; {group.describe()}")
         if kind == "memory.array":
             assert (status, kills, result) == (0, 0, {"where": "SSD", "right": True}), err[-2000:]
@@ -103,8 +55,8 @@ def test_4_siblings_of_200mib_at_once_in_512mib(v2_group: Group, tmp_path: Path,
     ready.mkdir()
     with v2_group(LIMIT, prefix="apsi-vm-siblings") as group:
         started = time.monotonic()
-        jobs = [_start(group, tmp_path, "sibling", kind, str(mib), str(ready), str(count)) for _ in range(count)]
-        done = [_finish(job, 360) for job in jobs]
+        jobs = [start_job(group, tmp_path, "sibling", kind, str(mib), str(ready), str(count)) for _ in range(count)]
+        done = [finish(job, 360) for job in jobs]
         lines = [out.strip().splitlines()[-1] if status == 0 and out.strip() else f"killed ({status})"
                  for status, out, _ in done]
         kills = group.oom_kills()
@@ -125,7 +77,7 @@ def test_memory_max_lowered_below_the_usage_under_a_job(v2_group: Group, tmp_pat
     memory.array (more than the budget of an empty 512 MiB group: on the SSD) survives the limit going to 256 MiB
     below it, and limits() then reads 256 MiB; numpy.ones of 400 MiB (in RAM, no swap) is killed by the write."""
     with v2_group(LIMIT, prefix="apsi-vm-lowered") as group:
-        job = _start(group, tmp_path, "lowered", kind, "400", "160", stdin=subprocess.PIPE)
+        job = start_job(group, tmp_path, "lowered", kind, "400", "160", stdin=subprocess.PIPE)
         assert job.stdout is not None and job.stdin is not None
         ready = job.stdout.readline().split()
         usage = group.usage()
@@ -138,10 +90,10 @@ def test_memory_max_lowered_below_the_usage_under_a_job(v2_group: Group, tmp_pat
             job.stdin.flush()
         except BrokenPipeError:
             pass  # killed already
-        status, out, err = _finish(job, 300)
-        result, kills = _last_json(out), group.oom_kills()
+        status, out, err = finish(job, 300)
+        result, kills = last_json(out), group.oom_kills()
         print(f"\n{kind} 400 MiB ({ready}), memory.max 512 -> 256 MiB at usage {usage // MiB} MiB: the write took "
-              f"{took:.1f} s, usage after {after // MiB} MiB; {_outcome(status, result, kills)}; {group.describe()}")
+              f"{took:.1f} s, usage after {after // MiB} MiB; {outcome(status, result, kills)}; {group.describe()}")
         if kind == "memory.array":
             assert ready == ["ready", "SSD"] and usage > 256 * MiB, (ready, usage)
             assert (status, kills) == (0, 0), err[-2000:]
@@ -167,8 +119,8 @@ def test_limits_in_a_cgroup_namespace_read_the_group_not_the_host(v2_group: Grou
     bind-mounted /sys/fs/cgroup), /proc/self/cgroup says 0::/ and the mount's root is /..: limits() must still read
     the group the kernel charges (512 MiB), never the host's memory."""
     with v2_group(LIMIT, prefix="apsi-vm-ns") as group:
-        status, out, err = _finish(_start(group, tmp_path, "limits", prefix=NAMESPACES[how]), 120)
-        result = _last_json(out)
+        status, out, err = finish(start_job(group, tmp_path, "limits", prefix=NAMESPACES[how]), 120)
+        result = last_json(out)
         print(f"\nlimits() in memory.max {LIMIT // MiB} MiB, {how}: {result and result['text']} "
               f"(source {result and result['source']}, /proc/self/cgroup {result and result['proc_self_cgroup']!r}, "
               f"limit_file {result and result['limit_file']}); {group.describe()}")
@@ -184,18 +136,18 @@ def test_memory_high_throttles_and_pressure_says_so(v2_group: Group, tmp_path: P
     high = 128 * MiB
     with v2_group(LIMIT, prefix="apsi-vm-high") as group:
         group.set_high(high)
-        watcher = _start(group, tmp_path, "watch", "90")
+        watcher = start_job(group, tmp_path, "watch", "90")
         assert watcher.stdout is not None
         first = watcher.stdout.readline().split()
         before = group.events()
         started = time.monotonic()
-        hog = _start(group, tmp_path, "neighbour", str(256 * MiB), str(16 * MiB), "0", "120")
-        status, out, err = _finish(watcher, 150)
+        hog = start_job(group, tmp_path, "neighbour", str(256 * MiB), str(16 * MiB), "0", "120")
+        status, out, err = finish(watcher, 150)
         during = group.events()
         usage = group.usage()
         hog.kill()
         hog.wait(60)
-        result, kills = _last_json(out), group.oom_kills()
+        result, kills = last_json(out), group.oom_kills()
         print(f"\nmemory.high {high // MiB} MiB in memory.max {LIMIT // MiB} MiB, a job growing to 256 MiB: usage "
               f"{usage // MiB} MiB, high events {before.get('high')} -> {during.get('high')} in "
               f"{time.monotonic() - started:.0f} s, {kills} OOM kills; pressure() before: {first[1:]}, while "
@@ -224,19 +176,19 @@ def test_a_neighbour_growing_beside_a_ram_array_kills_numpy_but_the_array_moves(
     spill file (the watcher's trigger on the group's own memory.pressure), every write kept, 0 kills; the control,
     numpy.zeros, is OOM-killed (the largest process of the group)."""
     with v2_group(LIMIT, prefix="apsi-vm-move") as group:
-        job = _start(group, tmp_path, "moving", kind, "288", "15")
+        job = start_job(group, tmp_path, "moving", kind, "288", "15")
         assert job.stdout is not None
         ready = job.stdout.readline().split()
         if ready[-1:] != ["RAM"]:
             job.kill()
             pytest.fail(f"the job's array was not in RAM in an empty 512 MiB group: {ready} {job.communicate(60)}")
         started = time.monotonic()
-        neighbour = _start(group, tmp_path, "neighbour", str(256 * MiB), str(16 * MiB), PAUSE, "6")
-        status, out, err = _finish(job, 180)
-        _finish(neighbour, 60)
-        result, kills = _last_json(out), group.oom_kills()
+        neighbour = start_job(group, tmp_path, "neighbour", str(256 * MiB), str(16 * MiB), PAUSE, "6")
+        status, out, err = finish(job, 180)
+        finish(neighbour, 60)
+        result, kills = last_json(out), group.oom_kills()
         print(f"\n{kind} 288 MiB in RAM in memory.max {LIMIT // MiB} MiB, a neighbour growing to 256 MiB "
-              f"(16 MiB per {PAUSE} s): {_outcome(status, result, kills)}, {time.monotonic() - started:.0f} s; neighbour exit "
+              f"(16 MiB per {PAUSE} s): {outcome(status, result, kills)}, {time.monotonic() - started:.0f} s; neighbour exit "
               f"{neighbour.returncode}; {group.describe()}")
         if kind == "numpy":
             assert status == -9 and kills >= 1, ("the control was not killed: no pressure?", status, err[-2000:])

@@ -8,21 +8,26 @@ reuse the v1 jobs of tests/real (``siblings_job.one``, ``moving_jobs.job``/``nei
     python v2_jobs.py lowered memory.array|numpy.ones MiB LATER_MiB   (waits for a line on stdin in between)
     python v2_jobs.py limits
     python v2_jobs.py watch SECONDS
+    python v2_jobs.py triggers SECONDS
+    python v2_jobs.py delegate GROUP UID JOB ARGS...   (as root: enters GROUP/init, becomes UID, then GROUP/work)
 
 Run them as ``python -m tests.vm.v2_jobs ...`` from the checkout's root (they import ``tests.real``). Each prints
 its result on its last line (JSON where there are figures); a process the kernel killed prints nothing more."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import select
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 import apsi_memory as memory
+from apsi_memory.adapters.psi import open_trigger, trigger_line
 from tests.real import moving_jobs, siblings_job
 
 MiB = 1 << 20
@@ -96,9 +101,69 @@ def limits() -> int:
     with open("/proc/self/cgroup") as f:
         own = f.read().strip()
     print(json.dumps({"usable_mib": lim.usable_bytes // MiB, "source": lim.source, "cgroup": lim.cgroup,
-                      "limit_file": lim.limit_file, "cgroup_problem": lim.cgroup_problem,
-                      "proc_self_cgroup": own, "text": str(lim)}), flush=True)
+                      "limit_file": lim.limit_file, "cgroup_problem": lim.cgroup_problem, "oom_group": lim.oom_group,
+                      "proc_self_cgroup": own, "text": str(lim), "pressure": str(memory.pressure()),
+                      "uid": os.getuid()}), flush=True)
     return 0
+
+
+def _own_pressure() -> str:
+    with open("/proc/self/cgroup") as f:
+        path = f.read().strip().split("::", 1)[1]
+    return os.path.join("/sys/fs/cgroup", path.lstrip("/"), "memory.pressure")
+
+
+def _takes(path: str, window_ms: int) -> str:
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(fd, trigger_line(window_ms * 1000))
+        return "taken"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    finally:
+        os.close(fd)
+
+
+def triggers(seconds: float) -> int:
+    """Which PSI trigger windows the group's own ``memory.pressure`` takes from this uid (the kernel's rule: 0.5 to
+    10 s; unprivileged, multiples of 2 s, Linux 6.5+), then the library's own trigger (``open_trigger``) polled
+    for up to ``seconds`` after ``ready``: when it fired."""
+    path = _own_pressure()
+    windows = {str(ms): _takes(path, ms) for ms in (400, 500, 1000, 2000, 10000, 11000)}
+    fd = open_trigger(path)
+    print("ready", flush=True)
+    fired = None
+    if fd is not None:
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI)
+        started = time.monotonic()
+        if poller.poll(int(seconds * 1000)):
+            fired = round(time.monotonic() - started, 1)
+        os.close(fd)
+    with open(path) as f:
+        stalls = f.read().split()
+    print(json.dumps({"path": path, "windows_ms": windows, "library_trigger": fd is not None,
+                      "fired_after_s": fired, "stalls": " ".join(stalls[:5])}), flush=True)
+    return 0
+
+
+def delegate(group: str, uid: int, argv: list[str]) -> NoReturn:
+    """What systemd does for a delegated unit: root puts the process in ``group/init``, the process becomes ``uid``
+    (no passwd entry: an arbitrary uid, as OpenShift gives), makes ``group/work`` itself, enables memory for
+    ``group``'s children and moves there (allowed: it owns ``group``'s ``cgroup.procs``), then runs a job."""
+    init, work = os.path.join(group, "init"), os.path.join(group, "work")
+    os.makedirs(init, exist_ok=True)
+    with open(os.path.join(init, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(group, "cgroup.subtree_control"), "w") as f:
+        f.write("+memory")
+    with open(os.path.join(work, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    os.execv(sys.executable, [sys.executable, "-m", "tests.vm.v2_jobs", *argv])
 
 
 def watch(seconds: float) -> int:
@@ -146,4 +211,8 @@ if __name__ == "__main__":
         sys.exit(limits())
     if name == "watch":
         sys.exit(watch(float(args[0])))
+    if name == "triggers":
+        sys.exit(triggers(float(args[0])))
+    if name == "delegate":
+        delegate(args[0], int(args[1]), args[2:])
     sys.exit(lowered(args[0], int(args[1]), int(args[2])))
