@@ -1,6 +1,7 @@
 """Arrays that live where they fit: ``memory.array`` in RAM within the budget, else memory-mapped from a spill
-file (``array``, ``spill``); moved to the SSD in place when memory gets tight (``moving``); and temporaries
-reused instead of allocated again (``pool``).
+file (``array``, ``spill``); moved to the SSD in place when memory gets tight (``moving``); sent to another
+process by ``multiprocessing`` as a reference to their file, not a copy (``sending``); and temporaries reused
+instead of allocated again (``pool``).
 
 May import: decide, system, adapters, machinery.
 """

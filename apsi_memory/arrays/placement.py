@@ -29,6 +29,12 @@ when the view goes). Arrays under
 ``SMALL_ARRAY_BYTES`` live in NumPy's own allocation, which cannot be split from ``x``: ``free`` makes them
 read-only and drops them from ``report()``; their few bytes go back when the last reference goes. Freeing twice,
 or freeing a view after its array, does nothing.
+
+Pickling
+--------
+An array on a spill file, and any view of it, is sent by ``multiprocessing`` as a reference to the file
+(``sending``): a spawn worker gets a read-only view of the same file, not a copy (``pickle.dumps`` keeps the
+bytes). Once sent so, it is kept until ``free`` or exit (``_kept``).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from ..machinery.held import Ledger
 from ..machinery.machines import machine
 from ..machinery.reading import Limits
 from ..units import fmt_size
-from . import moving, spill
+from . import moving, sending, spill
 
 log = logging.getLogger("apsi_memory.arrays")  # the documented logger name (docs: "What it logs")
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -123,6 +129,10 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
 
 _tracked: dict[int, _Tracked] = {}  # by id(owner); entries leave when the owner is garbage-collected
 _lock = threading.Lock()
+# Owners of arrays pickled by reference, by id: held until free (or exit), so a receiver can still load the pickle
+# once the sender has dropped the array (a Pool worker's return value: see ``sending``).
+_kept: dict[int, Any] = {}
+KEPT = "pickled by path: its file stays until free() or exit"  # report()'s note
 
 
 # -- input -------------------------------------------------------------------------------------------------------
@@ -358,6 +368,7 @@ def free(x: np.ndarray) -> None:
         if entry.freed:
             return
         entry.freed = True
+    _kept.pop(entry.key, None)
     _make_read_only(x, entry.array())
     _give_back(entry, release=True)
 
@@ -370,7 +381,8 @@ def _make_read_only(*arrays: np.ndarray | None) -> None:
 
 
 def on_disk(x: np.ndarray) -> bool:
-    """Whether ``x`` lives in a file (a spill file, or any ``numpy.memmap``) rather than RAM."""
+    """Whether ``x`` lives in a file (a spill file, or any ``numpy.memmap`` mapping one) rather than RAM. A
+    ``numpy.memmap`` that ``pickle`` rebuilt by value maps nothing: it is in RAM."""
     if not isinstance(x, np.ndarray):
         raise ArgumentTypeError(f"memory.on_disk takes a NumPy array, not {type(x).__name__}")
     entry = _find(x)
@@ -378,10 +390,31 @@ def on_disk(x: np.ndarray) -> bool:
         return entry.place is Place.SSD
     obj: Any = x
     while isinstance(obj, np.ndarray):
-        if isinstance(obj, np.memmap):
+        if isinstance(obj, np.memmap) and obj._mmap is not None:  # type: ignore[attr-defined]  # (unpickled: RAM)
             return True
         obj = obj.base
     return False
+
+
+def _reference_of(x: np.ndarray) -> tuple[Any, ...] | None:
+    """The pickle of ``x`` as a reference to its spill file (``sending``), or ``None`` to pickle it by value: it is
+    not on a whole spill file of this process (RAM, partly moved, freed, a fork child's copy)."""
+    if x.base is None:  # it owns its memory, which NumPy allocated: the common case, answered first
+        return None
+    entry = _find(x)
+    if entry is None or entry.place is not Place.SSD or entry.freed or entry.path is None:
+        return None
+    owner = entry()
+    if owner is None or entry.moved not in (0, entry.length):
+        return None
+    reduced = sending.reference(x, entry.path, entry.address, entry.nbytes)
+    if reduced is not None:
+        _kept[entry.key] = owner
+        entry.note = entry.note or KEPT
+    return reduced
+
+
+spill.on_first_file.append(lambda: sending.install(_reference_of))
 
 
 def is_freed(x: np.ndarray) -> bool:

@@ -23,6 +23,9 @@ mapping alone and punches the file's blocks out (``fallocate`` with ``FALLOC_FL_
 then unlinks it: the blocks are free at once, its pages leave RAM, no memory is asked for whatever the size, and
 every view stays valid and reads zeros. A view written after that writes into the deleted file, whose blocks go
 when the last view goes. Where a filesystem cannot punch holes, the blocks go then too.
+
+Pickling: an array on a spill file pickles as a reference to it (``sending``); ``identity`` is what the reference
+carries, and ``on_first_file`` is how the reducer gets installed with the first spill or move.
 """
 
 from __future__ import annotations
@@ -123,8 +126,9 @@ def reclaim_once(directory: str) -> None:
 
 # -- creating ----------------------------------------------------------------------------------------------------
 
-_live: dict[str, tuple[int, int]] = {}  # path -> (device, inode) of the file this process made there
+_live: dict[str, tuple[int, int, int]] = {}  # path -> (device, inode, data offset) of the file made there
 _live_lock = threading.Lock()
+on_first_file: list[Callable[[], None]] = []  # run by _set_up (placement adds the pickle reducer's set-up)
 
 
 def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None,
@@ -158,7 +162,7 @@ def reserve(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = Non
     fd = _write_reserved(path, header, total, directory, free_bytes)
     st = os.fstat(fd)
     with _live_lock:
-        _live[path] = (st.st_dev, st.st_ino)
+        _live[path] = (st.st_dev, st.st_ino, len(header))
     return path, fd, len(header)
 
 
@@ -202,8 +206,22 @@ def _disk_full(directory: str, needed: int, free: int) -> DiskFullError:
 def _ours(path: str, st: os.stat_result) -> bool:
     """``st`` is the very file this process created at ``path`` (same device and inode), not one swapped in."""
     with _live_lock:
-        identity = _live.get(path)
-    return made_here(path) and identity == (st.st_dev, st.st_ino)
+        made = _live.get(path)
+    return made_here(path) and made is not None and made[:2] == (st.st_dev, st.st_ino)
+
+
+def identity(path: str) -> tuple[int, int, int, int] | None:
+    """``(device, inode, size, data offset)`` of spill file ``path`` while it is the very file this process made
+    there (not a fork child's parent's, nor one swapped in); ``None`` otherwise."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    with _live_lock:
+        made = _live.get(path)
+    if made is None or not _ours(path, st):
+        return None
+    return st.st_dev, st.st_ino, st.st_size, made[2]
 
 
 def delete(path: str) -> None:
@@ -269,6 +287,8 @@ def _set_up() -> None:
     """With the first spill or move of the process: the fork hook and the at-exit cleanup (never at import)."""
     os.register_at_fork(after_in_child=_in_child)
     atexit.register(_delete_all_at_exit)
+    for set_up in on_first_file:
+        set_up()
 
 
 # -- pages: replacing a mapping in place, counting what is resident ----------------------------------------------
