@@ -5,9 +5,11 @@ format, pure), ``journal`` (the journal file, its lock, compaction, forks), ``ch
 open replays only the journal's tail), ``tiers`` (the RAM tier and the SSD tier's index, pure), ``codec`` (values
 <-> signed ``.npy`` or pickle bytes), ``signing`` (this user's key and the MACs), ``folders`` (where stores may
 live), ``upkeep`` (one handle's index and RAM tier kept in step with the journal and within the disk limit:
-catching up, batched reads, eviction, the journal's rewrite) and ``core`` (the ``Store`` class joining them into a
-``MutableMapping``); ``cached`` and ``hashing`` (``@memory.cached`` and its keys) build on the store. Imports go
-one way: keys <- records <- codec, checkpoint <- tiers, journal <- upkeep <- core <- this module <- cached.
+catching up, batched reads, eviction, the journal's rewrite), ``batches`` (what a ``set`` or ``set_many`` writes
+before its one append: values signed, their files written, where inline values will lie) and ``core`` (the
+``Store`` class joining them into a ``MutableMapping``); ``cached`` and ``hashing`` (``@memory.cached`` and its
+keys) build on the store. Imports go one way: keys <- records <- codec, checkpoint <- tiers, journal <- upkeep,
+batches <- core <- this module <- cached.
 ``apsi_memory.store`` is callable as ``store()``.
 
 May import: decide, system, adapters, machinery.
@@ -32,6 +34,11 @@ a CRC, so one a killed writer left half-written is recognised and cut off by the
 names is an orphan nobody reads (swept later). An entry reads back whole or not at all. The lock file records where
 the last completed append ended: a record before that end that does not parse was written whole and damaged since,
 so it is reported and skipped (every entry recorded before it reads as a miss), never cut off as a torn tail.
+
+*Batches*: ``set_many`` signs every value and writes the files first (nothing on disk if one cannot be stored),
+then appends all its records with one ``write`` under one lock. A reader that takes no lock reads the journal
+only up to where the last completed append ended (the lock file records it, before the generation counter it
+bumps), so a batch being written is read whole once its write has ended, never in part.
 
 *Sizes are running totals*: the journal replays into an in-memory LRU index (``tiers._Index``) holding each entry's
 size, so ``set`` never lists the folder and costs the same at 100 or 100,000 entries. Replaying on open also

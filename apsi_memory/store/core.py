@@ -8,7 +8,7 @@ import pickle
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, ItemsView, Iterator, MutableMapping, ValuesView
+from collections.abc import Callable, Collection, ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from typing import Any
 
 from ..decide import Level, ram_tier_limit
@@ -17,28 +17,23 @@ from ..errors import (
     DiskFullError,
     MissingKeyError,
     OldEntryWarning,
-    SizeError,
     TamperWarning,
     UnloadableWarning,
 )
 from ..machinery.machines import machine
-from ..system.fileio import write_new
 from ..system.trust import open_folder
 from ..units import MiB, byte_count, fmt_size
-from . import datafiles, forks
-from .codec import OldFormat, Unloadable, _Blob, _Held, _Tampered, decode, seal_for, to_blob
+from . import batches, datafiles, forks
+from .codec import OldFormat, Unloadable, _Tampered, decode, seal_for
 from .folders import allowed_folder, checked_arguments
-from .journal import _Journal, close_files, disk_full
-from .keys import EXT, KIND_NPY_MAP, KIND_PICKLE, Key, OldKey, decode_key, encode_key, new_stem, shown_key
-from .records import OP_DEL, OP_SET, Entry, Record
+from .journal import _Journal, close_files
+from .keys import KIND_PICKLE, Key, OldKey, decode_key, encode_key, shown_key
+from .records import OP_DEL, Entry, Record
 from .signing import user_key
 from .stats import CacheStats, Counts
 from .tiers import _Index, _RamTier
 from .upkeep import TOUCH_BATCH, _Upkeep
 
-# Values up to this size live inside the journal itself: one append instead of a new file per entry (creating a
-# file costs far more than appending to one). Bigger ones get a file of their own.
-INLINE_MAX_BYTES = 16 * 1024
 # The journal is rewritten without its dead bytes once they exceed the live inline values and this much.
 COMPACT_MIN_BYTES = 4 * MiB
 
@@ -54,7 +49,7 @@ class Store(_Upkeep, MutableMapping[Key, Any]):
     are NumPy arrays (stored as ``.npy``, never pickled) or anything picklable. An array read back is writable and
     the caller's own (``get``). A ``collections.abc.MutableMapping``: ``update``, ``pop``, ``setdefault``,
     ``keys()``, ``items()`` and the rest work as on a dict (``keys()``, ``in`` and ``len`` never read a value), but a
-    store equals only itself."""
+    store equals only itself. ``set_many`` and ``get_many`` take many keys at once, the batch all or nothing."""
 
     def __init__(self, folder: str | os.PathLike[str], label: str, ram_bytes: int, disk_bytes: int,
                  level: Callable[[], Level] | None = None) -> None:
@@ -95,7 +90,7 @@ class Store(_Upkeep, MutableMapping[Key, Any]):
             self._index.restore(self._journal.load_checkpoint(self._seal.store_key))  # then only the tail
             self._catch_up()
             self._compact_if_due()
-            self._unlink(self._evict_over_limit(keep=b""))
+            self._unlink(self._evict_over_limit(keep=()))
             self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)  # also for read-only users
         self._machine.components.register(self)
 
@@ -118,28 +113,50 @@ class Store(_Upkeep, MutableMapping[Key, Any]):
         with self._lock:
             if self._journal.changed():  # a memory read; only another process's write costs more
                 self._catch_up()
-            values = self._ram.values
-            held = values.get(encoded)
-            if held is not None and not datafiles.covered(held):
-                self._ram.drop(encoded)  # its file was cut short under its mapping: read again, it is damage
-                held = None
-            if held is None:
-                return self._get_from_disk(encoded, default, writable)
-            values.move_to_end(encoded)
-            reads = self._journal.pending_touches  # ``_read``, unrolled: the hot path of a RAM hit
-            reads.append(encoded)
-            if len(reads) >= TOUCH_BATCH:
+            value = self._get_now(encoded, default, writable)
+            if len(self._journal.pending_touches) >= TOUCH_BATCH:
                 self.flush()
-            if held.kind != KIND_PICKLE:
-                value = datafiles.writable(held, self._data_fd) if writable else held.value
-            else:
-                try:
-                    value = pickle.loads(held.value)
-                except Exception:  # noqa: BLE001 - cannot be loaded here: the SSD tier's answer (a warned miss)
-                    self._ram.drop(encoded)
-                    return self._get_from_disk(encoded, default, writable)
-            self._counts.hits += 1  # counted once the value is in hand: a warned miss is only a miss
             return value
+
+    def get_many(self, keys: Iterable[Key], default: Any = None, *, writable: bool = True) -> list[Any]:
+        """The values of ``keys`` as a list in their order, ``default`` for each one missing (a key asked twice
+        is read twice): ``[s.get(key, default) for key in keys]`` from one look at the journal. So a batch that
+        another process's ``set_many`` writes meanwhile is seen whole or not at all; only a value with a file of
+        its own (over 16 KB) that is replaced or removed during the call reads as it is then. A list in the order
+        asked, as lmdb's ``getmulti`` (which leaves misses out) and redis's ``MGET`` answer, with ``default`` where
+        a key is missing, so it lines up with ``keys``: ``zip(keys, values)``, ``np.stack(values)`` and
+        ``dict(zip(keys, values))`` work."""
+        if self._closed:
+            self._check_open()
+        encoded = batches.encoded_keys(keys)
+        with self._lock:
+            self._catch_up()
+            values = [self._get_now(key, default, writable) for key in encoded]
+            if len(self._journal.pending_touches) >= TOUCH_BATCH:
+                self.flush()
+            return values
+
+    def _get_now(self, encoded: bytes, default: Any, writable: bool) -> Any:
+        """``get`` once caught up with the journal: the read is remembered, not yet written."""
+        values = self._ram.values
+        held = values.get(encoded)
+        if held is not None and not datafiles.covered(held):
+            self._ram.drop(encoded)  # its file was cut short under its mapping: read again, it is damage
+            held = None
+        if held is None:
+            return self._get_from_disk(encoded, default, writable)
+        values.move_to_end(encoded)
+        self._journal.pending_touches.append(encoded)
+        if held.kind != KIND_PICKLE:
+            value = datafiles.writable(held, self._data_fd) if writable else held.value
+        else:
+            try:
+                value = pickle.loads(held.value)
+            except Exception:  # noqa: BLE001 - cannot be loaded here: the SSD tier's answer (a warned miss)
+                self._ram.drop(encoded)
+                return self._get_from_disk(encoded, default, writable)
+        self._counts.hits += 1  # counted once the value is in hand: a warned miss is only a miss
+        return value
 
     def _get_from_disk(self, key: bytes, default: Any, writable: bool, second_look: bool = False) -> Any:
         entry = self._index.get(key)
@@ -162,7 +179,7 @@ class Store(_Upkeep, MutableMapping[Key, Any]):
             return default
         self._counts.hits += 1
         self._ram.put(key, held)
-        self._read(key)
+        self._journal.pending_touches.append(key)
         return datafiles.writable(held, self._data_fd) if writable and held.kind != KIND_PICKLE else value
 
     def _where(self, entry: Entry) -> str:
@@ -251,59 +268,51 @@ class Store(_Upkeep, MutableMapping[Key, Any]):
         compacting, removing replaced files) can make it raise or remove the new value's file."""
         if self._closed:
             self._check_open()
-        encoded = encode_key(key)
+        self._commit({encode_key(key): value})
+
+    def set_many(self, items: Mapping[Key, Any] | Iterable[tuple[Key, Any]]) -> None:
+        """Store every pair of ``items`` (a mapping, or (key, value) pairs; a key given twice keeps its last value),
+        each as ``set`` would, with one append to the journal (one lock, one write) for them all: a loop of small
+        ``set`` calls pays that per value. All or nothing: a value that cannot be stored (not picklable, bigger
+        than the SSD tier, a batch that does not fit it whole, a full disk, an interrupt) raises with nothing of
+        the batch stored and nothing already stored lost. Another process sees the store as it was before the
+        batch or with all of it, never part: its records become readable with the one write that ends them (a
+        reader reads only to the end of the last completed append). Separate ``get`` calls there may fall either
+        side of the batch; one ``get_many`` sees one side."""
+        if self._closed:
+            self._check_open()
+        self._commit(batches.pairs(items))
+
+    def _commit(self, batch: dict[bytes, Any]) -> None:
+        """Sign every value and write the files outside the locks, then append all the records at once; under
+        both locks, index them, then make room once. Files no record names any more go before the lock is
+        released, so the disk never holds more than the limit and the values in flight."""
         self._level()  # an allocation path: lets a pressure change reach on_level (cheap, rate-limited)
-        stem = new_stem()
-        blob = to_blob(self._seal, encoded, stem, value, self._ram.limit)
-        if blob.size > self.disk_limit:
-            raise SizeError(f"a {fmt_size(blob.size)} value does not fit this store's SSD tier "
-                            f"({fmt_size(self.disk_limit)}); nothing was stored")
-        inline = blob.kind != KIND_NPY_MAP and blob.size <= INLINE_MAX_BYTES
-        if inline:
-            entry, inline_value = Entry(stem, blob.kind, blob.size), b"".join(blob.parts)
-            held = None if blob.ram_value is None else _Held(blob.ram_value, blob.kind, blob.ram_nbytes, stem)
-        else:  # written outside the lock: nobody sees it before its record
-            entry, inline_value = Entry(stem + EXT[blob.kind], blob.kind, blob.size), b""
-            held = self._write_file(entry, blob)
+        signed = batches.signed(self._seal, batch, self._ram.limit, self.disk_limit)
+        records, kept = batches.written(signed, self._ram.limit, self._data, self._data_fd)
         with self._lock, self._journal:
             try:
                 self._catch_up()
-                end = self._append(self._take_reads() + [Record(OP_SET, encoded, entry, inline_value)], adds=True)
+                end = self._append(self._take_reads() + records, adds=True)
             except BaseException:
-                if not inline:
-                    self._unlink([entry])
+                batches.unlink(records, self._data_fd)
                 raise
-            if inline:
-                entry = Entry(stem, blob.kind, blob.size, end - blob.size)
-            self._committed(encoded, entry, held)
-
-    def _write_file(self, entry: Entry, blob: _Blob) -> _Held | None:
-        """A value's own file, and what the RAM tier keeps of it: a big array mapped from that file, if it fits."""
-        def full() -> DiskFullError:
-            return disk_full(self._data, blob.size)
-        if entry.kind == KIND_NPY_MAP and blob.ram_nbytes <= self._ram.limit:
-            return datafiles.write_mapped(entry.name, self._data_fd, blob.parts, blob.size, full)
-        write_new(entry.name, self._data_fd, blob.parts, full)
-        return None if blob.ram_value is None else _Held(blob.ram_value, entry.kind, blob.ram_nbytes, entry.name)
-
-    def _committed(self, key: bytes, entry: Entry, held: _Held | None) -> None:
-        """Under both locks, after the SET record is in: index it, then make room. Files no record names any more
-        go before the lock is released, so the disk never holds more than the limit and the values in flight."""
-        old = self._index.put(key, entry)
-        if held is not None:
-            self._ram.put(key, held)
-        else:
-            self._ram.drop(key)
-        if old is not None:
-            self._unlink([old])
-        try:
-            self._compact_if_due(keep=key)
-            victims = self._evict_over_limit(keep=key)
-            if victims:
-                self._unlink(victims)
-        except OSError:
-            pass  # a full disk or a raced unlink: the value is stored; the next write evicts or compacts again
-        self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)
+            for record, entry, held in zip(records, batches.placed(records, end), kept):
+                old = self._index.put(record.key, entry)
+                if held is not None:
+                    self._ram.put(record.key, held)
+                else:
+                    self._ram.drop(record.key)
+                if old is not None:
+                    self._unlink([old])
+            try:
+                self._compact_if_due(keep=batch.keys())
+                victims = self._evict_over_limit(keep=batch.keys())
+                if victims:
+                    self._unlink(victims)
+            except OSError:
+                pass  # a full disk or a raced unlink: the values are stored; the next write evicts or compacts
+            self._journal.checkpoint_if_due(self._seal.store_key, self._index.snapshot)
 
     def __setitem__(self, key: Key, value: Any) -> None:
         self.set(key, value)
@@ -384,7 +393,7 @@ class Store(_Upkeep, MutableMapping[Key, Any]):
 
     # -- compaction (when; ``upkeep`` rewrites) --
 
-    def _compact_if_due(self, keep: bytes = b"", force: bool = False) -> None:
+    def _compact_if_due(self, keep: Collection[bytes] = (), force: bool = False) -> None:
         """Under the journal lock. Dead bytes (replaced or deleted inline values, old records) are dropped by
         rewriting the journal once they outweigh the live inline values (so the journal is at most twice what it
         must be, and compaction costs O(1) per byte written), or once the store is over its limit on disk (the

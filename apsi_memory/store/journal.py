@@ -51,6 +51,7 @@ RESERVE_BYTES = 64 * 1024
 # In the lock file: appends so far (generation), compactions so far (epoch), and the journal's size after the last
 # append (a journal found shorter was truncated, which no crash does); then the store's random identity.
 _COUNTERS = struct.Struct("<QQQ")
+_TWO, _END = struct.Struct("<QQ"), struct.Struct("<Q")  # the generation and epoch; the end, stored apart
 _GENERATION_BYTES = 8
 IDENT_BYTES = 16
 _LOCK_BYTES = _COUNTERS.size + IDENT_BYTES
@@ -128,9 +129,12 @@ class _Journal:
         return self.holding or self.counters[:_GENERATION_BYTES] != self.seen
 
     def _bump(self, epoch_step: int = 0, end: int = -1) -> None:
-        """After an append (or a step of a compaction), under the lock."""
-        generation, epoch, old_end = _COUNTERS.unpack_from(self.counters)
-        _COUNTERS.pack_into(self.counters, 0, generation + 1, epoch + epoch_step, old_end if end < 0 else end)
+        """After an append (or a step of a compaction), under the lock. The end is stored before the counters: a
+        reader that sees the new generation then reads the new end too (``read_new`` reads them in that order)."""
+        generation, epoch, _ = _COUNTERS.unpack_from(self.counters)
+        if end >= 0:
+            _END.pack_into(self.counters, _GENERATION_BYTES * 2, end)
+        _TWO.pack_into(self.counters, 0, generation + 1, epoch + epoch_step)
 
     def _open(self) -> None:
         """Open and check the magic, writing it if the file is new. The epoch is read first: a compaction in between
@@ -190,6 +194,10 @@ class _Journal:
             return [Record(OP_RESET)] + self.read_new()
         records: list[Record] = []
         size = self.end_seen = os.fstat(self.fd).st_size
+        if not self.holding and not epoch % 2 and last_end >= len(MAGIC):
+            # Where the last completed append ended: one under way (a batch, one write of many records) is read
+            # only once it is whole. A lock file of a store older than that end (0) is read to the file's end.
+            size = min(size, last_end)
         # Every append that ended by ``last_end`` was completed (its end is recorded after the write): a record
         # before it that does not parse is damage. Not known while a compaction is under way (an odd epoch).
         whole_to = 0 if epoch % 2 else min(last_end, size)
@@ -228,23 +236,30 @@ class _Journal:
 
     def append(self, records: list[Record], adds: bool = False) -> int:
         """Append under the lock, after ``read_new``: cuts off a torn tail a killed writer left, then writes all
-        records with one ``write``. Records that ``add`` a value keep the room reserved for removals
-        (``RESERVE_BYTES``) or raise ``DiskFullError``. Returns the journal's new end (the last record's inline
-        value ends there). On failure the journal is as it was."""
+        records with one ``write`` (more only past 2 GiB). Records that ``add`` a value keep the room reserved for
+        removals (``RESERVE_BYTES``) or raise ``DiskFullError``. Returns the journal's new end (the last record's
+        inline value ends there). On failure the journal is as it was."""
         start = self.offset
         if self.end_seen > start:
             self._cut(start)
         data = b"".join([pack_record(record) for record in records])
         if adds and start + len(data) + RESERVE_BYTES // 2 > self.reserved_to:
             self._keep_room(start + len(data))
+        written, view = 0, memoryview(data)
         try:
-            written = os.write(self.fd, data)
+            # One write, unless the kernel writes less: at most 2 GiB per call (a big batch), or a disk that
+            # filled up under it, whose next write fails (or writes nothing).
+            while written < len(data):
+                step = os.write(self.fd, view[written:])
+                if not step:
+                    break
+                written += step
         except OSError as err:
             self._cut(start)
             if is_disk_full(err):
                 raise disk_full(self.folder, len(data)) from err
             raise
-        if written != len(data):  # a short write: the disk filled up under it
+        if written != len(data):
             self._cut(start)
             raise disk_full(self.folder, len(data))
         self.offset = self.end_seen = end = start + written

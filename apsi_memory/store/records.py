@@ -55,6 +55,12 @@ def pack_record(record: Record) -> bytes:
     return _FRAME.pack(len(meta), len(record.value), crc32(meta)) + meta + record.value
 
 
+def packed_size(record: Record) -> int:
+    """``len(pack_record(record))`` without packing it: where a batch's inline values will lie once appended."""
+    meta = 1 + (_SET.size + NAME_BYTES if record.op == OP_SET else 0) + len(record.key)
+    return _FRAME.size + meta + len(record.value)
+
+
 _KEY_LENGTH = struct.Struct("<I")
 
 

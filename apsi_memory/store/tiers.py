@@ -5,7 +5,7 @@ See the package docstring."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from ..decide import eviction_target
 from .checkpoint import Loaded
@@ -113,16 +113,18 @@ class _Index:
         elif record.op in (OP_CLEAR, OP_RESET, OP_LOST):
             self.clear()
 
-    def evict_to(self, limit: int, keep: bytes) -> list[tuple[bytes, Entry]]:
-        """Over ``limit``: remove the least recently used entries (never ``keep``) down to 90 % of it."""
+    def evict_to(self, limit: int, keep: bytes | Collection[bytes]) -> list[tuple[bytes, Entry]]:
+        """Over ``limit``: remove the least recently used entries (never ``keep``, a key or the keys of a batch)
+        down to 90 % of it."""
         if self.total <= limit:
             return []
+        kept = (keep,) if isinstance(keep, bytes) else keep
         target = eviction_target(limit)
         victims: list[tuple[bytes, Entry]] = []
         for key, entry in list(self.entries.items()):
             if self.total <= target:
                 break
-            if key != keep:
+            if key not in kept:
                 self.remove(key)
                 victims.append((key, entry))
         return victims

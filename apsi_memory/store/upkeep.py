@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Collection
 
 from ..adapters.disk import disk_free
 from ..errors import StoreClosedError
@@ -42,13 +43,6 @@ class _Upkeep:
             raise StoreClosedError(f"store {self.label} is closed; open it again with memory.store(...)")
 
     # -- reads, in batches --
-
-    def _read(self, key: bytes) -> None:
-        """Remember a read: its recency reaches the index and the journal in batches (``_settle_reads``)."""
-        reads = self._journal.pending_touches
-        reads.append(key)
-        if len(reads) >= TOUCH_BATCH:
-            self.flush()
 
     def _settle_reads(self) -> None:
         """Move the keys read since the last settling to the recent end of the index, in the order they were read:
@@ -129,7 +123,7 @@ class _Upkeep:
 
     # -- within the limit on disk --
 
-    def _evict_over_limit(self, keep: bytes, room: int = 0) -> list[Entry]:
+    def _evict_over_limit(self, keep: Collection[bytes], room: int = 0) -> list[Entry]:
         """Least recently used entries out until the files, the journal (its dead bytes included) and the index
         checkpoint fit, with ``room`` bytes to spare."""
         index, journal = self._index, self._journal
@@ -154,7 +148,7 @@ class _Upkeep:
     def _unlink(self, entries: list[Entry]) -> None:
         datafiles.unlink(entries, self._data_fd)
 
-    def _rewrite_journal(self, keep: bytes) -> None:
+    def _rewrite_journal(self, keep: Collection[bytes]) -> None:
         """Under the journal lock: the journal rewritten with the live entries only. The new journal is written
         beside the old one, so entries are evicted first to make room for it within the limit."""
         inline = self._index.inline_total
