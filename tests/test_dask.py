@@ -319,6 +319,51 @@ def test_adapt_shares_the_memory_between_the_workers_it_starts() -> None:
         assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
 
 
+def test_memory_limit_auto_is_the_groups_share_not_the_hosts(sim_machine: Callable[..., Any]) -> None:
+    """cluster(memory_limit="auto") gave dask's own "auto", the host's share: 12,052 MiB each in a 1 GiB group."""
+    sim_machine(machines.docker_v1, limit=1 * GiB)  # a host of 64 GiB
+    with amd.cluster(n_workers=2, processes=False, memory_limit="auto", dashboard_address=":0") as c, \
+            c.get_client() as cl:
+        assert registered_limits(cl) == [amd.worker_memory_limit(2)] * 2 == [(GiB - DASK_OUTSIDE_WORKERS_BYTES) // 2] * 2
+
+
+def test_an_explicit_memory_limit_above_the_share_is_kept_and_warned_of(sim_machine: Callable[..., Any]) -> None:
+    sim_machine(machines.docker_v1, limit=1 * GiB)
+    share = amd.worker_memory_limit(2)
+    with pytest.warns(memory.BudgetWarning, match=f"memory_limit='1GiB'\\): {fmt_size(GiB)} is more than each of 2 "
+                                                    f"workers' share of the memory here, {fmt_size(share)}"):
+        made = amd.cluster(n_workers=2, processes=False, memory_limit="1GiB", dashboard_address=":0")
+    with made as c, c.get_client() as cl:
+        assert registered_limits(cl) == [GiB] * 2  # the caller's word is kept
+
+
+def test_control_an_explicit_memory_limit_within_the_share_warns_of_nothing(sim_machine: Callable[..., Any]) -> None:
+    sim_machine(machines.docker_v1, limit=1 * GiB)
+    with amd.cluster(n_workers=2, processes=False, memory_limit="256MiB", dashboard_address=":0") as c, \
+            c.get_client() as cl:
+        assert registered_limits(cl) == [256 * MiB] * 2
+
+
+def test_the_settings_a_cluster_made_go_with_it(sim_machine: Callable[..., Any]) -> None:
+    """cluster() changed dask.config for the rest of the process: arrays chunked after it closed still got its
+    16 MiB chunks. Closed, the process's settings are those from before; one the user set meanwhile stays."""
+    import dask
+
+    sim_machine(machines.docker_v1, limit=1 * GiB)
+    keys = list(decide.dask_settings(amd.worker_memory_limit(2)))
+    before = {key: dask.config.get(key) for key in keys}
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0"):
+        assert {key: dask.config.get(key) for key in keys} != before
+    assert {key: dask.config.get(key) for key in keys} == before
+    try:
+        with amd.cluster(n_workers=2, processes=False, dashboard_address=":0"):
+            dask.config.set({"array.chunk-size": "3MiB"})  # the user's, while the cluster runs
+        assert dask.config.get("array.chunk-size") == "3MiB"
+        assert dask.config.get("array.rechunk.method") == before["array.rechunk.method"]
+    finally:
+        dask.config.set(before)
+
+
 def test_settings_the_user_made_are_kept() -> None:
     import dask
 

@@ -37,10 +37,12 @@ import copy
 import logging
 import os
 import pickle
+import warnings
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from ..errors import ArgumentError, ArgumentTypeError, MissingExtraError
+from ..errors import ArgumentError, ArgumentTypeError, BudgetWarning, MissingExtraError
 
 try:
     import dask
@@ -110,21 +112,55 @@ def worker_memory_limit(n_workers: int, nthreads: int = 1,
 def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any) -> Any:
     """A ``distributed.LocalCluster`` whose workers have the right memory limit and run ``PressurePlugin``, and whose
     dask settings follow that limit (``decide.dask_settings``: array chunk size, p2p buffers, rechunk method; set
-    here and on the workers, except any the caller set to a value other than dask's default). ``scale`` and
+    here and on the workers, except any the caller set to a value other than dask's default, and set back here when
+    the cluster closes). ``scale`` and
     ``adapt`` share the memory again between the new number of workers. ``n_workers=None``: one per core
     (``threads_per_worker`` cores each), fewer if memory cannot hold that many. Other keywords go to
-    ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on ``scale``)."""
+    ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on ``scale``, with a ``BudgetWarning``
+    when it is more than the share; ``"auto"`` is the rule, the group's share, not dask's share of the host)."""
     if n_workers is None:
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
     fixed = kw.get("memory_limit")
-    limit = _limit_bytes(fixed) if fixed is not None else worker_memory_limit(n_workers, threads_per_worker)
+    fixed = None if fixed == "auto" else fixed  # dask's "auto" is the host's share; the group's is ours
+    share = worker_memory_limit(n_workers, threads_per_worker)
+    limit = _limit_bytes(fixed) if fixed is not None else share
+    if limit > share:
+        warnings.warn(BudgetWarning(f"cluster(memory_limit={fixed!r}): {fmt_size(limit)} is more than each of "
+                                    f"{n_workers} workers' share of the memory here, {fmt_size(share)} "
+                                    f"({machine().limits().source}); kept, but the kernel may kill them first"),
+                      stacklevel=2)
     kw["memory_limit"] = limit
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
+    before = _settings_now(decide.dask_settings(limit, threads_per_worker))
     follow_limit(limit, threads_per_worker)
-    with dask.config.set({"distributed.worker.memory.pause": False}):  # PressurePlugin pauses: dask would undo it
-        made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
-    made.fixed_limit = fixed is not None
+    try:
+        with dask.config.set({"distributed.worker.memory.pause": False}):  # PressurePlugin pauses: dask undoes it
+            made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
+    except BaseException:
+        _restore(before)
+        raise
+    made.fixed_limit, made.config_before = fixed is not None, before
     return made
+
+
+def _settings_now(keys: Iterable[str]) -> dict[str, tuple[Any, bool]]:
+    """Each key's value in ``dask.config``, and whether ``follow_limit`` set it (for a cluster still open)."""
+    values = {key: dask.config.get(key, default=None) for key in keys}
+    return {key: (value, key in _settings_made and value == _settings_made[key]) for key, value in values.items()}
+
+
+def _restore(before: dict[str, tuple[Any, bool]]) -> None:
+    """``dask.config`` as it was before a cluster: the settings ``follow_limit`` made are the cluster's, not the
+    process's. A key someone else changed since (the user, another cluster) stays as they left it; one an open
+    cluster had set is that cluster's again."""
+    restored = {key: value for key, (value, _) in before.items()
+                if key in _settings_made and dask.config.get(key, default=None) == _settings_made[key]}
+    dask.config.set(restored)
+    for key, value in restored.items():
+        if before[key][1]:
+            _settings_made[key] = value
+        else:
+            del _settings_made[key]
 
 
 def _limit_bytes(limit: str | float, nthreads: int = 1) -> int:
@@ -170,7 +206,15 @@ class MemoryCluster(LocalCluster):
     new, ``worker_memory_limit(n)`` and the dask settings that follow from it."""
 
     fixed_limit = False
+    config_before: dict[str, tuple[Any, bool]] | None = None  # dask.config before cluster() set its own: restored at close
     _sharing: asyncio.Future[None] | None = None  # the last share started from the event loop, kept till done
+
+    async def _close(self) -> None:
+        try:
+            await super()._close()
+        finally:
+            _restore(self.config_before or {})
+            self.config_before = None
 
     def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
         if memory is None and cores is None and n >= 1 and not self.fixed_limit:
