@@ -4,6 +4,7 @@ qemu runs the payload from the disk it is given); the bed skips, saying why, whe
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -212,3 +213,31 @@ def test_a_cached_image_runs_without_root_or_apt(tmp_path: Path) -> None:
     assert (check.returncode, check.stdout) == (0, ""), check.stderr
     (image / "root.ext4").unlink()  # incomplete: not an image
     assert _script(VM, "make-image.sh", "--check", env=env).returncode == 1
+
+
+# -- a busy host: the guest's timeouts stretch with the host's load ---------------------------------------------------
+
+@pytest.mark.parametrize(("given", "factor"), [("3.5", 3.5), ("0.2", 1.0), ("", 1.0), ("fast", 1.0)])
+def test_the_guests_slowdown_is_the_given_factor_at_least_1(monkeypatch: pytest.MonkeyPatch, given: str,
+                                                           factor: float) -> None:
+    from tests.vm.v2_run import slowdown
+
+    monkeypatch.setenv("APSI_VM_SLOWDOWN", given)
+    assert slowdown() == factor
+
+
+def test_each_vm_tests_timeout_is_stretched_by_the_slowdown() -> None:
+    """At load 15 on 2 cores a 55-s VM test ran past its 420-s timeout (nothing was wrong): the timeouts grow."""
+    show = ("import json, pytest\n"
+            "class Show:\n"
+            "    def pytest_collection_finish(self, session):\n"
+            "        print('TIMEOUTS', json.dumps(sorted({i.get_closest_marker('timeout').args[0] "
+            "for i in session.items})))\n"
+            "pytest.main(['-q', '--co', '-p', 'no:cacheprovider', 'tests/vm/test_v2_headline.py'], plugins=[Show()])\n")
+    found = {}
+    for factor in ("1", "3"):
+        done = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120, check=True,
+                              cwd=VM.parent, env={**os.environ, "APSI_VM_SLOWDOWN": factor})
+        line = next(line for line in done.stdout.splitlines() if line.startswith("TIMEOUTS"))
+        found[factor] = json.loads(line.split(" ", 1)[1])
+    assert found["3"] == [3 * t for t in found["1"]] and found["1"] == [180, 300, 420]
