@@ -35,6 +35,12 @@ Pickling
 An array on a spill file, and any view of it, is sent by ``multiprocessing`` as a reference to the file
 (``sending``): a spawn worker gets a read-only view of the same file, not a copy (``pickle.dumps`` keeps the
 bytes). Once sent so, it is kept until ``free`` or exit (``_kept``).
+
+Kept files
+----------
+``array(..., path=)`` maps a new ``.npy`` at ``path`` (``npyfiles``), and ``keeping.keep`` may turn a spill file into
+one: the entry's ``path`` is then that file, which ``free``, the collector and the exit leave alone (``spill``
+deletes only files it made under their spill name).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import logging
 import math
 import mmap
 import operator
+import os
 import sys
 import threading
 import warnings
@@ -59,7 +66,7 @@ from ..machinery.held import Ledger
 from ..machinery.machines import machine
 from ..machinery.reading import Limits
 from ..units import fmt_size
-from . import moving, sending, spill
+from . import moving, npyfiles, sending, spill
 
 log = logging.getLogger("apsi_memory.arrays")  # the documented logger name (docs: "What it logs")
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -202,11 +209,15 @@ def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
 
 # -- array -------------------------------------------------------------------------------------------------------
 
-def array(shape: int | Sequence[int], dtype: Any = "float64") -> np.ndarray:
+def array(shape: int | Sequence[int], dtype: Any = "float64", path: str | os.PathLike[str] | None = None,
+          overwrite: bool = False) -> np.ndarray:
     """A zero-filled array of ``shape`` and ``dtype``: in RAM if it fits what is left of the budget and memory is
-    not under ``high`` pressure, otherwise memory-mapped from a spill file (see the module docstring)."""
+    not under ``high`` pressure, otherwise memory-mapped from a spill file (see the module docstring). With
+    ``path``, memory-mapped from a new ``.npy`` file there that the library never deletes (``keeping``)."""
     dims, kind = normalize_shape(shape), normalize_dtype(dtype)
     nbytes = nbytes_of(dims, kind)
+    if path is not None:
+        return _in_file(dims, kind, npyfiles.target(path), overwrite)
     if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
         return _small(dims, kind)
     where, why = _where(nbytes)
@@ -297,7 +308,21 @@ def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) 
 
 
 def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: str) -> np.memmap:
-    x = spill.create(shape, dtype)
+    return _track_file(spill.create(shape, dtype), why)
+
+
+def _in_file(shape: tuple[int, ...], dtype: np.dtype, path: str, overwrite: bool) -> np.ndarray:
+    x = npyfiles.create(shape, dtype, path, overwrite)
+    if not isinstance(x, np.memmap):  # empty: nothing mapped, nothing to track but its record
+        _remember(_Tracked(x, x, Place.SSD, _KEPT_WHY, path))
+        return x
+    return _track_file(x, _KEPT_WHY)
+
+
+_KEPT_WHY = "asked for a file of its own (path=): apsi_memory never deletes it"
+
+
+def _track_file(x: np.memmap, why: str) -> np.memmap:
     mapping = x._mmap  # type: ignore[attr-defined]  # numpy.memmap's own mmap: the owner of the pages
     # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
     start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY
@@ -350,6 +375,10 @@ def _find(x: Any) -> _Tracked | None:
             return entry
         obj = getattr(obj, "base", None)
     return None
+
+
+Entry = _Tracked  # what ``keeping`` reads and updates of an array
+entry_of = _find
 
 
 def free(x: np.ndarray) -> None:

@@ -282,6 +282,11 @@ def _delete_all_at_exit() -> None:
         delete(path)
 
 
+def set_up() -> None:
+    """What the first spill sets up (below), for a file made elsewhere that is mapped like one (``npyfiles``)."""
+    _set_up()
+
+
 @once
 def _set_up() -> None:
     """With the first spill or move of the process: the fork hook and the at-exit cleanup (never at import)."""
