@@ -10,7 +10,7 @@ paragraph a part; ``tests/test_layers.py`` checks the imports against what each 
 ``decide`` (the rules, pure), ``system`` (libc, userfaultfd, files, folders, trust), ``adapters`` (kernel files
 under an injectable root), ``machinery`` (the ``Machine``: readings, the level tracker, our held RAM, the siblings'
 reservations, the watcher), ``arrays``, ``blocks`` (the pieces of streaming), ``store``, ``devices``, ``dask``,
-``outofcore`` (``chunks``, ``map``) and ``cli``. At the top: ``errors``, ``units``, ``status`` and this module.
+``outofcore`` (``chunks``, ``map``, ``reduce``) and ``cli``. At the top: ``errors``, ``units``, ``status`` and this module.
 
 Importing does no work and loads no submodule: each public name below is imported from its module on first use.
 A module named like the public function it holds (``store``, ``status``, ``devices``) is callable as that
@@ -28,6 +28,7 @@ import warnings
 
 if typing.TYPE_CHECKING:  # the names as type checkers see them; at run time ``__getattr__`` imports each on first use
     from ._version import __version__ as __version__
+    from .arrays.keeping import keep
     from .arrays.placement import ArrayRecord, array, free, on_disk, report
     from .arrays.pools import Pool, pool
     from .decide import Level, Place
@@ -74,6 +75,7 @@ if typing.TYPE_CHECKING:  # the names as type checkers see them; at run time ``_
     from .machinery.watcher import Watcher, on_pressure, relieve
     from .outofcore.chunking import chunks
     from .outofcore.mapping import map, to_dask
+    from .outofcore.reducing import reduce
     from .status import Status
     from .status import status  # the function, as a call of the module does
     from .store import CacheStats, Store, allow_write
@@ -89,6 +91,7 @@ logging.getLogger("apsi_memory").addHandler(logging.NullHandler())
 
 _HOME: dict[str, str] = {name: module for module, names in (
     ("_version", "__version__"),
+    ("arrays.keeping", "keep"),
     ("arrays.placement", "ArrayRecord array free on_disk report"),
     ("arrays.pools", "Pool pool"),
     ("decide", "Level Place"),
@@ -102,6 +105,7 @@ _HOME: dict[str, str] = {name: module for module, names in (
     ("machinery.watcher", "Watcher on_pressure relieve"),
     ("outofcore.chunking", "chunks"),
     ("outofcore.mapping", "map to_dask"),
+    ("outofcore.reducing", "reduce"),
     ("status", "Status"),
     ("store", "CacheStats Store allow_write"),
     ("store.cached", "cached"),
@@ -254,6 +258,7 @@ __all__ = [
     # chunks and map
     "chunks",
     "map",
+    "reduce",
     "to_dask",
     # arrays, pool, on_pressure, relieve
     "ArrayRecord",
@@ -280,4 +285,6 @@ __all__ = [
     "best_device",
     "devices",
     "fit_batch",
+    # keeping an output
+    "keep",
 ]

@@ -324,6 +324,25 @@ SWEEP = [
           memory.ArgumentTypeError, "map needs a function of a block, not NoneType"),
     _case("map", "progress as a number", lambda tmp: memory.map(abs, np.zeros(3), progress=1),
           memory.ArgumentTypeError, "map: progress must be True or False, not int"),
+    *_cases("reduce", lambda w: lambda tmp: memory.reduce(abs, w), memory.ChunkError, SOURCES),
+    _case("reduce", "missing file", lambda tmp: memory.reduce(abs, _missing(tmp)), memory.MissingFileError,
+          "nowhere"),
+    _case("reduce", "fn not a function", lambda tmp: memory.reduce(None, np.zeros(3)),  # type: ignore[arg-type]
+          memory.ArgumentTypeError, "reduce needs a function for fn, not NoneType"),
+    _case("reduce", "combine not a function", lambda tmp: memory.reduce(abs, np.zeros(3), combine=3),  # type: ignore[arg-type]
+          memory.ArgumentTypeError, "reduce needs a function for combine, not int"),
+    _case("reduce", "negative workers", lambda tmp: memory.reduce(abs, np.zeros(3), workers=-1), memory.ChunkError,
+          "workers must be at least 1"),
+    _case("keep", "no array", lambda tmp: memory.keep(None, tmp / "out.npy"),  # type: ignore[arg-type]
+          memory.ArgumentTypeError, "NoneType"),
+    _case("keep", "path a number", lambda tmp: memory.keep(np.zeros(3), 3),  # type: ignore[arg-type]
+          memory.ArgumentTypeError, "int"),
+    _case("keep", "empty path", lambda tmp: memory.keep(np.zeros(3), ""), memory.ArgumentError, "names a folder"),
+    _case("keep", "missing folder", lambda tmp: memory.keep(np.zeros(3), tmp / "nowhere" / "out.npy"),
+          memory.MissingFileError, "nowhere"),
+    _case("keep", "existing file", lambda tmp: (np.save(tmp / "out.npy", np.ones(2)),
+                                                memory.keep(np.zeros(3), tmp / "out.npy")),
+          memory.ArgumentError, "out.npy"),
     *_cases("to_dask", lambda w: lambda tmp: memory.to_dask(w), memory.ChunkError, SOURCES),
     *_cases("to_dask", lambda w: lambda tmp: memory.to_dask(np.zeros(3), rows=w), memory.ChunkError, ROWS),
     _case("to_dask", "missing file", lambda tmp: memory.to_dask(_missing(tmp)), memory.MissingFileError, "nowhere"),

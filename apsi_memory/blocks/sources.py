@@ -127,7 +127,7 @@ def freed_source(when: str) -> ChunkError:
     """The error for a ``memory.array`` source freed (``memory.free``) ``when``: its memory went back and reads
     as zeros since, so no block of it may be used (the caller's ``arrays`` tells it was freed)."""
     return ChunkError(f"the array was freed (memory.free) {when}: a freed array reads as zeros, so its blocks "
-                      "would give wrong results; free it only once chunks or map is done with it")
+                      "would give wrong results; free it only once chunks, map or reduce is done with it")
 
 
 def _check_has_rows(shape: tuple[int, ...], what: str) -> None:

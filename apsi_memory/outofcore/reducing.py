@@ -1,0 +1,159 @@
+"""``reduce``: a function of every row block of an array on all cores, the results combined into one value
+(column sums, a Gram matrix, counts) rather than stacked into rows as ``map`` does.
+
+    gram = reduce(lambda b: b.T @ b, "features.npy")                       # combine=np.add by default
+    lo = reduce(lambda b: b.min(axis=0), x, combine=np.minimum)
+
+How it runs
+-----------
+* ``fn`` runs on blocks on ``workers`` threads (default: the cores this process may use), as in ``map``; NumPy
+  releases the GIL in its loops, so a NumPy-heavy ``fn`` uses every core.
+* The results are combined in row order, ``combine(combine(fn(b0), fn(b1)), fn(b2)) ...``, each by the thread
+  that computed the block once the blocks before it are in. So a run gives the same bits as any other run with
+  the same blocks, whatever the threads' timing. The blocks are set by ``rows`` and the input's length; with
+  ``rows=None`` their size also depends on ``workers`` (blocks in flight hold about 32 MB), so a floating-point
+  result may differ in its last bits between different ``rows`` or ``workers``, never between runs of the same.
+* ``combine`` must be associative for the result not to depend on where blocks start (``np.add``,
+  ``np.minimum``, ``np.maximum``, ``np.logical_or``); it gets the running total and a block's result and returns
+  the new total, and should not change either in place (a block's result may be a view of the input).
+* Memory: at most one block result per worker thread plus the running total (two totals for the moment
+  ``combine`` makes the new one); inputs stream as in ``map`` (at most two blocks per worker read, each block's
+  pages released once it and the blocks before it are done).
+* An exception in ``fn`` or ``combine`` raises ``BlockError`` naming the block's rows, with the original as its
+  cause; a result whose shape or dtype differs from the first block's raises ``ChunkError`` naming the block.
+  Either way the error of the first failing block in row order is raised and no later block starts. A
+  ``memory.array`` input freed before the call or while blocks run raises ``ChunkError``. Ctrl-C stops the run.
+* An empty input calls ``fn`` once on the empty block and returns its result.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..arrays import placement
+from ..blocks.pages import BlockPages
+from ..blocks.progress import Progress, progress_bar
+from ..blocks.rules import block_spans, positive_count, rows_per_block
+from ..blocks.runner import BLOCKS_PER_WORKER, Spans, Stop, rows_label, run_in_order
+from ..blocks.sources import freed_source, resolve_source
+from ..errors import ArgumentTypeError, BlockError, ChunkError
+from ..machinery.machines import machine
+from ..units import flag
+
+T = TypeVar("T")
+_ADD: Callable[[Any, Any], Any] = np.add  # typed loosely: a ufunc's overloads match no single Callable[[T, T], T]
+
+
+def reduce(fn: Callable[[np.ndarray], T], x: str | os.PathLike[str] | np.ndarray, rows: int | None = None,
+           workers: int | None = None, *, combine: Callable[[T, T], T] = _ADD, progress: bool = False) -> T:
+    """``fn`` of each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy`` path), the
+    results combined in row order with ``combine`` (default ``np.add``), on ``workers`` threads. ``rows=None``
+    sizes blocks so that all those in flight hold about 32 MB of input. See the module docstring for the rules."""
+    for name, given in (("fn", fn), ("combine", combine)):
+        if not callable(given):  # else every block would fail with the same TypeError, reported as the block's
+            raise ArgumentTypeError(f"reduce needs a function for {name}, not {type(given).__name__}")
+    progress = flag(progress, "reduce: progress")
+    source = resolve_source(x)
+    if source.given is not None and placement.is_freed(source.given):
+        raise freed_source("before reduce was called")
+    n_workers = machine().cores() if workers is None else positive_count(workers, "workers", "a number of threads")
+    block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
+    array = source.open()
+    spans = block_spans(len(array), block_rows) or [(0, 0)]
+    inputs = BlockPages(array, spans)
+    bar = progress_bar(progress, len(array), "reduce")
+    try:
+        return _run(fn, combine, array, spans, inputs, n_workers, bar)
+    finally:
+        inputs.close()
+        bar.close()
+
+
+class _Total:
+    """The running total, which block ``index`` joins once blocks ``0..index-1`` have: the thread that computed
+    it waits for its turn, so no more than one result per thread is held and the order never depends on timing."""
+
+    def __init__(self, combine: Callable[[Any, Any], Any], spans: Spans, stop: Stop) -> None:
+        self.combine, self.spans, self.stop = combine, spans, stop
+        self.value: Any = None
+        self.first: Any = None  # block 0's result as an array, the shape and dtype every block must match
+        self._turn = 0
+        self._changed = threading.Condition()
+
+    def join(self, index: int, result: Any) -> None:
+        with self._changed:
+            # A later block than a failed one (or any, after Ctrl-C) gives up: its turn would never come.
+            self._changed.wait_for(lambda: self._turn == index or index > self.stop.first)
+            if self._turn != index:
+                return
+        if index == 0:
+            self.value, self.first = result, np.asarray(result)
+        else:
+            _check_like(result, self.first, self.spans, index)
+            try:
+                self.value = self.combine(self.value, result)
+            except Exception as exc:
+                raise BlockError(f"combine failed adding rows {rows_label(self.spans, index)}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        with self._changed:
+            self._turn += 1
+            self._changed.notify_all()
+
+    def stopped(self) -> None:
+        """The run stops (``Stop`` moved): wake the blocks waiting for a turn that may not come."""
+        with self._changed:
+            self._changed.notify_all()
+
+
+def _check_like(result: Any, first: np.ndarray, spans: Spans, index: int) -> None:
+    """An array result must match block 0's: ``np.add`` would otherwise broadcast a wrong shape silently."""
+    if not isinstance(result, (np.ndarray, np.generic)):
+        return  # any other value (a tuple, a Python number) is for ``combine`` to judge
+    if result.shape != first.shape or result.dtype != first.dtype:
+        raise ChunkError(f"fn returned shape {result.shape} and dtype {result.dtype} for rows "
+                         f"{rows_label(spans, index)}, but shape {first.shape} and dtype {first.dtype} for the "
+                         "first block; every block must give the same shape and dtype")
+
+
+def _run(fn: Callable[[np.ndarray], T], combine: Callable[[T, T], T], array: np.ndarray, spans: Spans,
+         inputs: BlockPages, workers: int, bar: Progress) -> T:
+    stop = Stop(len(spans))
+    total = _Total(combine, spans, stop)
+
+    def work(index: int) -> int:
+        if index >= stop.first:  # at or after a failed block: do not start
+            return index
+        start, end = spans[index]
+        try:
+            result = fn(array[start:end])
+        except Exception as exc:
+            raise BlockError(f"fn failed on rows {rows_label(spans, index)}: {type(exc).__name__}: {exc}") from exc
+        if placement.is_freed(array):  # freed while fn read its block: the result may come from zeros
+            raise freed_source(f"while reduce ran (found after rows {rows_label(spans, index)})")
+        total.join(index, result)
+        return index
+
+    def submit(index: int) -> Future[int]:
+        inputs.read_ahead(*spans[index])
+        return pool.submit(contextvars.copy_context().run, work, index)  # ``fn`` sees the caller's machine()
+
+    def done(index: int) -> None:
+        inputs.finished(index)
+        bar.update(spans[index][1] - spans[index][0])
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-reduce") as pool:
+        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, _wait_threads, done, stop, total.stopped)
+    result: T = total.value
+    return result
+
+
+def _wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
+    done, running = wait(futures, return_when=when)
+    return done, running
