@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only named here: python -m benchmarks.dask_cgroup runs with the dask extra, without pytest
     import pytest
@@ -23,3 +23,16 @@ def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def private_home_then(report: Callable[[], None]) -> Any:
+    """A module's autouse fixture: its benchmarks run in a ``private_home``, then ``report()`` prints its table."""
+    import pytest
+
+    @pytest.fixture(scope="module", autouse=True)
+    def environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+        with private_home(tmp_path_factory):
+            yield
+        report()
+
+    return environment

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
-from benchmarks import private_home
+from benchmarks import private_home_then
 
 lmdb = pytest.importorskip("lmdb", reason="the peers are in the bench extra: pip install '.[bench]'")
 
@@ -87,11 +87,7 @@ ROWS: list[tuple[str, str, str, Callable[[Any], Callable[[Any], None]]]] = [
 results: dict[tuple[str, str], float] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    with private_home(tmp_path_factory):
-        yield
-    print_table()
+environment = private_home_then(lambda: print_table())
 
 
 @pytest.fixture(scope="module")

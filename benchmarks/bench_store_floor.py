@@ -26,14 +26,14 @@ import random
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from hmac import compare_digest
 from typing import Any
 
 import pytest
 
 from apsi_memory.store.signing import keyed_state, mac_keyed
-from benchmarks import private_home
+from benchmarks import private_home_then
 from benchmarks.bench_store import Apsi
 from benchmarks.bench_store_peers import Lmdb, fill, small_dict
 
@@ -110,11 +110,7 @@ CONTENDERS: dict[str, Callable[[str], Any]] = {"memory.store": Apsi, "bare journ
 results: dict[tuple[str, str], float] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    with private_home(tmp_path_factory):
-        yield
-    print_table()
+environment = private_home_then(lambda: print_table())
 
 
 @pytest.mark.parametrize("op", ["set", "get SSD"])

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import private_home
+from benchmarks import private_home_then
 from benchmarks.bench_store import Apsi, DiskCache
 
 lmdb = pytest.importorskip("lmdb", reason="the peers are in the bench extra: pip install '.[bench]'")
@@ -96,11 +96,7 @@ MISSING_TIER = {("lmdb", "get RAM"), ("diskcache", "get RAM"), ("cachetools", "g
 MAKERS: dict[str, Any] = {"memory.store": Apsi, "lmdb": Lmdb, "diskcache": DiskCache, "cachetools": CacheTools}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    with private_home(tmp_path_factory):
-        yield
-    print_table()
+environment = private_home_then(lambda: print_table())
 
 
 def fill(impl: Any, make: Callable[[int], Any], n: int) -> None:

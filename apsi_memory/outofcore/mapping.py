@@ -31,9 +31,10 @@ from __future__ import annotations
 import contextvars
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -71,17 +72,37 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
         from ..dask import map_on_cluster  # the dask extra, imported only when asked for
 
         return map_on_cluster(engine, fn, x, rows, workers, progress=progress)
+    with streamed(x, rows, workers, progress, "map") as blocks:
+        return _run(fn, blocks.array, blocks.spans, blocks.inputs, blocks.workers, blocks.bar)
+
+
+class Streamed(NamedTuple):
+    """The row blocks ``map`` or ``reduce`` runs over, on ``workers`` threads."""
+
+    workers: int
+    array: np.ndarray
+    spans: Spans
+    inputs: BlockPages  # the blocks' pages, read ahead and released
+    bar: Progress
+
+
+@contextmanager
+def streamed(x: str | os.PathLike[str] | np.ndarray, rows: int | None, workers: int | None, progress: bool,
+             what: str) -> Iterator[Streamed]:
+    """``x``'s row blocks for ``what`` (``map``, ``reduce``): ``rows`` a block, else sized so that the blocks in
+    flight (``BLOCKS_PER_WORKER`` per thread) hold about 32 MB; ``workers`` threads, else the cores. Its pages and
+    progress bar are closed on leaving."""
     source = resolve_source(x)
     if source.given is not None and placement.is_freed(source.given):
-        raise freed_source("before map was called")
+        raise freed_source(f"before {what} was called")
     n_workers = machine().cores() if workers is None else positive_count(workers, "workers", "a number of threads")
     block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
     array = source.open()
     spans = block_spans(len(array), block_rows) or [(0, 0)]
     inputs = BlockPages(array, spans)
-    bar = progress_bar(progress, len(array), "map")
+    bar = progress_bar(progress, len(array), what)
     try:
-        return _run(fn, array, spans, inputs, n_workers, bar)
+        yield Streamed(n_workers, array, spans, inputs, bar)
     finally:
         inputs.close()
         bar.close()
@@ -186,10 +207,11 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
         _finished(index, spans, inputs, output, bar)
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
-        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, _wait_threads, done, stop, output.give_up)
+        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, wait_threads, done, stop, output.give_up)
 
 
-def _wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
+def wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
+    """``run_in_order``'s wait, over the futures of a thread pool (``map``'s and ``reduce``'s)."""
     done, running = wait(futures, return_when=when)
     return done, running
 

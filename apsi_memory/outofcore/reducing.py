@@ -32,20 +32,19 @@ import contextvars
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ..arrays import placement
 from ..blocks.pages import BlockPages
-from ..blocks.progress import Progress, progress_bar
-from ..blocks.rules import block_spans, positive_count, rows_per_block
+from ..blocks.progress import Progress
 from ..blocks.runner import BLOCKS_PER_WORKER, Spans, Stop, rows_label, run_in_order
-from ..blocks.sources import freed_source, resolve_source
+from ..blocks.sources import freed_source
 from ..errors import ArgumentTypeError, BlockError, ChunkError
-from ..machinery.machines import machine
 from ..units import flag
+from .mapping import streamed, wait_threads
 
 T = TypeVar("T")
 _ADD: Callable[[Any, Any], Any] = np.add  # typed loosely: a ufunc's overloads match no single Callable[[T, T], T]
@@ -60,20 +59,8 @@ def reduce(fn: Callable[[np.ndarray], T], x: str | os.PathLike[str] | np.ndarray
         if not callable(given):  # else every block would fail with the same TypeError, reported as the block's
             raise ArgumentTypeError(f"reduce needs a function for {name}, not {type(given).__name__}")
     progress = flag(progress, "reduce: progress")
-    source = resolve_source(x)
-    if source.given is not None and placement.is_freed(source.given):
-        raise freed_source("before reduce was called")
-    n_workers = machine().cores() if workers is None else positive_count(workers, "workers", "a number of threads")
-    block_rows = rows_per_block(source.row_bytes(), rows, n_workers * BLOCKS_PER_WORKER)
-    array = source.open()
-    spans = block_spans(len(array), block_rows) or [(0, 0)]
-    inputs = BlockPages(array, spans)
-    bar = progress_bar(progress, len(array), "reduce")
-    try:
-        return _run(fn, combine, array, spans, inputs, n_workers, bar)
-    finally:
-        inputs.close()
-        bar.close()
+    with streamed(x, rows, workers, progress, "reduce") as blocks:
+        return _run(fn, combine, blocks.array, blocks.spans, blocks.inputs, blocks.workers, blocks.bar)
 
 
 class _Total:
@@ -149,11 +136,6 @@ def _run(fn: Callable[[np.ndarray], T], combine: Callable[[T, T], T], array: np.
         bar.update(spans[index][1] - spans[index][0])
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-reduce") as pool:
-        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, _wait_threads, done, stop, total.stopped)
+        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, wait_threads, done, stop, total.stopped)
     result: T = total.value
     return result
-
-
-def _wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
-    done, running = wait(futures, return_when=when)
-    return done, running
