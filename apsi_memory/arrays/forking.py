@@ -6,7 +6,7 @@ Why
 An SSD or moved array is a ``MAP_SHARED`` mapping of its spill file (so the kernel can write its pages back and
 drop them), and ``fork`` copies a shared mapping shared: without this, a child's write (a fork ``Pool`` or DataLoader
 worker scaling its slice in place) would change the parent's data, while the same array in RAM — private memory —
-is copied on write. So the first spill of a process registers a fork hook (``spill._set_up``) that, in the child,
+is copied on write. So the first spill of a process registers a fork hook (``spill.set_up``) that, in the child,
 maps each such mapping again at the same address, from the same file and offset, ``MAP_PRIVATE | MAP_FIXED``
 (``uffd.map_private``): the child reads the parent's data, and its first write to a page makes the page its own.
 

@@ -147,12 +147,12 @@ def _blocks(x: np.ndarray) -> Iterator[memoryview]:
         yield np.ascontiguousarray(x[start:start + rows]).reshape(-1).view(np.uint8).data
 
 
-def create(shape: tuple[int, ...], dtype: np.dtype[Any], path: str, overwrite: bool) -> np.ndarray:
-    """A zero-filled array in a new ``.npy`` at ``path``, its space reserved; a ``numpy.memmap`` of it (a plain
-    zero-size array for an empty one: nothing to map). The file is whole (zeros) from the moment it has its name."""
+def create(shape: tuple[int, ...], dtype: np.dtype[Any], nbytes: int, path: str, overwrite: bool) -> np.ndarray:
+    """A zero-filled array of ``nbytes`` in a new ``.npy`` at ``path``, its space reserved; a ``numpy.memmap`` of
+    it (a plain zero-size array for an empty one: nothing to map). The file is whole (zeros) from the moment it has
+    its name."""
     spill.set_up()  # the fork hook: a child's writes must not reach this file (see the module docstring)
     header = npy_header(dtype, shape)
-    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
     with folder_of(path) as folder_fd:
         refuse_taken(folder_fd, path, overwrite)
         temp = temp_name()

@@ -217,7 +217,7 @@ def array(shape: int | Sequence[int], dtype: Any = "float64", path: str | os.Pat
     dims, kind = normalize_shape(shape), normalize_dtype(dtype)
     nbytes = nbytes_of(dims, kind)
     if path is not None:
-        return _in_file(dims, kind, npyfiles.target(path), overwrite)
+        return _in_file(dims, kind, nbytes, npyfiles.target(path), overwrite)
     if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
         return _small(dims, kind)
     where, why = _where(nbytes)
@@ -311,8 +311,8 @@ def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: str) -> np.memmap:
     return _track_file(spill.create(shape, dtype), why)
 
 
-def _in_file(shape: tuple[int, ...], dtype: np.dtype, path: str, overwrite: bool) -> np.ndarray:
-    x = npyfiles.create(shape, dtype, path, overwrite)
+def _in_file(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, path: str, overwrite: bool) -> np.ndarray:
+    x = npyfiles.create(shape, dtype, nbytes, path, overwrite)
     if not isinstance(x, np.memmap):  # empty: nothing mapped, nothing to track but its record
         _remember(_Tracked(x, x, Place.SSD, _KEPT_WHY, path))
         return x

@@ -128,7 +128,7 @@ def reclaim_once(directory: str) -> None:
 
 _live: dict[str, tuple[int, int, int]] = {}  # path -> (device, inode, data offset) of the file made there
 _live_lock = threading.Lock()
-on_first_file: list[Callable[[], None]] = []  # run by _set_up (placement adds the pickle reducer's set-up)
+on_first_file: list[Callable[[], None]] = []  # run by set_up (placement adds the pickle reducer's set-up)
 
 
 def create(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = None,
@@ -147,7 +147,7 @@ def reserve(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = Non
     """A new spill file with its space reserved: its path, open descriptor and where the data starts. With
     ``page_aligned`` the data starts at a page boundary and the file ends at one, so it can be mapped over memory
     (``moving``); the header is then padded with spaces, which ``numpy.load`` reads as before."""
-    _set_up()
+    set_up()
     directory = paths.private_dir(os.path.abspath(directory or paths.spill_dir()))
     reclaim_once(directory)
     header = npy_header(dtype, shape)
@@ -203,11 +203,16 @@ def _disk_full(directory: str, needed: int, free: int) -> DiskFullError:
 
 # -- deleting ----------------------------------------------------------------------------------------------------
 
-def _ours(path: str, st: os.stat_result) -> bool:
-    """``st`` is the very file this process created at ``path`` (same device and inode), not one swapped in."""
+def _made(path: str, st: os.stat_result) -> tuple[int, int, int] | None:
+    """What this process recorded of the file it created at ``path`` (device, inode, data offset), if ``st`` is
+    that very file (same device and inode), not one swapped in; else None."""
     with _live_lock:
         made = _live.get(path)
-    return made_here(path) and made is not None and made[:2] == (st.st_dev, st.st_ino)
+    return made if made_here(path) and made is not None and made[:2] == (st.st_dev, st.st_ino) else None
+
+
+def _ours(path: str, st: os.stat_result) -> bool:
+    return _made(path, st) is not None
 
 
 def identity(path: str) -> tuple[int, int, int, int] | None:
@@ -217,11 +222,8 @@ def identity(path: str) -> tuple[int, int, int, int] | None:
         st = os.lstat(path)
     except OSError:
         return None
-    with _live_lock:
-        made = _live.get(path)
-    if made is None or not _ours(path, st):
-        return None
-    return st.st_dev, st.st_ino, st.st_size, made[2]
+    made = _made(path, st)
+    return None if made is None else (st.st_dev, st.st_ino, st.st_size, made[2])
 
 
 def delete(path: str) -> None:
@@ -282,18 +284,14 @@ def _delete_all_at_exit() -> None:
         delete(path)
 
 
-def set_up() -> None:
-    """What the first spill sets up (below), for a file made elsewhere that is mapped like one (``npyfiles``)."""
-    _set_up()
-
-
 @once
-def _set_up() -> None:
-    """With the first spill or move of the process: the fork hook and the at-exit cleanup (never at import)."""
+def set_up() -> None:
+    """With the first spill or move of the process, or the first kept file (``npyfiles``): the fork hook and the
+    at-exit cleanup (never at import)."""
     os.register_at_fork(after_in_child=_in_child)
     atexit.register(_delete_all_at_exit)
-    for set_up in on_first_file:
-        set_up()
+    for hook in on_first_file:
+        hook()
 
 
 # -- pages: replacing a mapping in place, counting what is resident ----------------------------------------------

@@ -113,11 +113,11 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     """A ``distributed.LocalCluster`` whose workers have the right memory limit and run ``PressurePlugin``, and whose
     dask settings follow that limit (``decide.dask_settings``: array chunk size, p2p buffers, rechunk method; set
     here and on the workers, except any the caller set to a value other than dask's default, and set back here when
-    the cluster closes). ``scale`` and
-    ``adapt`` share the memory again between the new number of workers. ``n_workers=None``: one per core
-    (``threads_per_worker`` cores each), fewer if memory cannot hold that many. Other keywords go to
-    ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on ``scale``, with a ``BudgetWarning``
-    when it is more than the share; ``"auto"`` is the rule, the group's share, not dask's share of the host)."""
+    the cluster closes). ``scale`` and ``adapt`` share the memory again between the new number of workers.
+    ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold that many.
+    Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on ``scale``, with a
+    ``BudgetWarning`` when it is more than the share; ``"auto"`` is the rule, the group's share, not dask's share of
+    the host)."""
     if n_workers is None:
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
     fixed = kw.get("memory_limit")
@@ -206,7 +206,7 @@ class MemoryCluster(LocalCluster):
     new, ``worker_memory_limit(n)`` and the dask settings that follow from it."""
 
     fixed_limit = False
-    config_before: dict[str, tuple[Any, bool]] | None = None  # dask.config before cluster() set its own: restored at close
+    config_before: dict[str, tuple[Any, bool]] | None = None  # dask.config before cluster(): restored at close
     _sharing: asyncio.Future[None] | None = None  # the last share started from the event loop, kept till done
 
     async def _close(self) -> None:

@@ -15,8 +15,9 @@ from types import FrameType
 @contextmanager
 def interrupts_kept() -> Iterator[Callable[[], None]]:
     """Yields ``check()``, which raises ``KeyboardInterrupt`` once for the SIGINTs that came since the block began
-    or since it last raised, swallowed or not; leaving the block normally checks once more. Where Python's own handler is not the one installed (the
-    program chose its own) or this is not the main thread (which alone may set handlers), nothing changes."""
+    or since it last raised, swallowed or not; leaving the block normally checks once more. Where Python's own
+    handler is not the one installed (the program chose its own) or this is not the main thread (which alone may
+    set handlers), nothing changes."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield _nothing
