@@ -32,10 +32,26 @@ from apsi_memory import Machine
 from apsi_memory.machinery.reservations import Siblings
 from sim.pressure import PressureMachine
 from sim.tree import MiB, SimTree
+from tests.load import slowdown, stretched
 from tests.realcg import ChildGroup, child_group
 
 BuildMachine = Callable[..., SimTree]
 ALONE = "APSI_TEST_ALONE"  # the node id a child pytest runs for real (``alone`` marker)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's timeout (its marker's, else the ini's) stretched by the machine's slowdown (``tests.load``)."""
+    factor = slowdown()
+    if factor <= 1:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        seconds = float(marker.args[0] if marker is not None and marker.args else kwargs.pop("timeout", default))
+        kwargs.pop("timeout", None)
+        if seconds > 0:
+            item.add_marker(pytest.mark.timeout(seconds * factor, **kwargs), append=False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -46,7 +62,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", pyfuncitem.nodeid],
                           env={**os.environ, ALONE: pyfuncitem.nodeid}, cwd=pyfuncitem.config.rootpath,
-                          capture_output=True, text=True, timeout=280, check=False)
+                          capture_output=True, text=True, timeout=stretched(280), check=False)
     print(done.stdout[-4000:])
     assert done.returncode == 0, f"{pyfuncitem.nodeid} alone: exit {done.returncode}\n{done.stdout[-6000:]}"
     return True

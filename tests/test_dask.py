@@ -28,21 +28,26 @@ from apsi_memory import BlockError, ChunkError, decide
 from apsi_memory import dask as amd
 from apsi_memory.blocks.rules import block_spans
 from apsi_memory.cli import commands as cli
-from apsi_memory.dask.tasks import EvenSpans, FileRows, rows_in_file
+from apsi_memory.dask.tasks import NO_WORKER_SETTING, NO_WORKER_TIMEOUT_S, EvenSpans, FileRows, rows_in_file
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
 from apsi_memory.decide.workers import MAX_PAUSE_S
 from apsi_memory.units import fmt_size
 from sim import tree as machines
 from sim.pressure import PressureMachine
 from sim.tree import GiB, MiB
+from tests.load import slowdown, stretched
 
 pytestmark = pytest.mark.dask
 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
+    """Two process workers. Restarting one took over 30 s at load 15 on 2 cores: map waits for workers as long
+    as the load stretches that (``tests.load``), as a user on such a machine would set it."""
+    import dask
+
     with amd.cluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            cluster.get_client() as c:
+            cluster.get_client() as c, dask.config.set({NO_WORKER_SETTING: stretched(NO_WORKER_TIMEOUT_S)}):
         yield c
 
 
@@ -253,11 +258,11 @@ def test_the_longest_pause_comes_from_the_dask_setting(setting: Any, seconds: fl
 def test_memory_limit_plugin_restarts_running_workers_with_the_new_limit(client: Any) -> None:
     client.register_plugin(amd.MemoryLimitPlugin(4))
     try:
-        client.wait_for_workers(2, timeout=30)
+        client.wait_for_workers(2, timeout=stretched(30))
         assert registered_limits(client) == [amd.worker_memory_limit(4)] * 2
     finally:
         client.register_plugin(amd.MemoryLimitPlugin(2))
-        client.wait_for_workers(2, timeout=30)
+        client.wait_for_workers(2, timeout=stretched(30))
     assert registered_limits(client) == [amd.worker_memory_limit(2)] * 2
 
 
@@ -298,7 +303,7 @@ def test_scale_shares_the_memory_again_and_each_thread_worker_has_its_own_plugin
 
     with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
         c.scale(4)
-        cl.wait_for_workers(4, timeout=30)
+        cl.wait_for_workers(4, timeout=stretched(30))
         four = amd.worker_memory_limit(4)
         assert registered_limits(cl) == [four] * 4
         assert sorted(w.memory_manager.memory_limit for w in c.workers.values()) == [four] * 4
@@ -312,7 +317,7 @@ def test_scale_shares_the_memory_again_and_each_thread_worker_has_its_own_plugin
 def test_adapt_shares_the_memory_between_the_workers_it_starts() -> None:
     with amd.cluster(n_workers=1, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
         c.adapt(minimum=3, maximum=3, interval="100ms")
-        cl.wait_for_workers(3, timeout=30)
+        cl.wait_for_workers(3, timeout=stretched(30))
         deadline = time.monotonic() + 10
         while registered_limits(cl) != [amd.worker_memory_limit(3)] * 3 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -386,8 +391,9 @@ if __name__ == "__main__":
                                "--nworkers", "2", "--nthreads", "1", "--no-dashboard", *sys.argv[1:]],
                               stderr=open("worker.log", "w"))
     try:
-        with Client(scheduler_file="s.json", timeout=60) as c:
-            c.wait_for_workers(2, timeout=60)
+        waits = 60 * float(os.environ["APSI_TEST_SLOWDOWN"])
+        with Client(scheduler_file="s.json", timeout=waits) as c:
+            c.wait_for_workers(2, timeout=waits)
             workers = c.scheduler_info()["workers"].values()
             plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
             print(json.dumps({"limits": sorted(w["memory_limit"] for w in workers),
@@ -402,11 +408,12 @@ def _dask_worker(tmp_path: Path, *args: str, group: Any = None) -> tuple[dict[st
     script = tmp_path / "run.py"
     script.write_text(SCHEDULER_AND_WORKER)
     argv = [sys.executable, str(script), *args]
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "APSI_TEST_SLOWDOWN": str(slowdown())}
     if group is None:
-        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=stretched(120),
+                              check=False)
     else:
-        done = group.run(argv, timeout=120, cwd=tmp_path, env=env)
+        done = group.run(argv, timeout=stretched(120), cwd=tmp_path, env=env)
     log = (tmp_path / "worker.log").read_text()
     assert done.returncode == 0, done.stderr[-2000:] + log[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), log
@@ -613,7 +620,7 @@ def test_ctrl_c_cancels_the_blocks_and_leaves_the_workers_alive_and_no_file(clie
         timer.cancel()
     time.sleep(1)  # a worker killed by SIGBUS would be gone (or restarted under a new address) by now
     assert sorted(client.scheduler_info()["workers"]) == workers
-    assert client.submit(sum, [1, 2]).result(timeout=30) == 3
+    assert client.submit(sum, [1, 2]).result(timeout=stretched(30)) == 3
     spill_dir = private_apsi_home / "spill"
     assert not spill_dir.exists() or not list(spill_dir.iterdir())
 
@@ -741,7 +748,7 @@ def test_in_a_1gib_group_workers_get_at_most_half_and_1_5gib_completes(memcg: An
     script = tmp_path / "real_dask.py"
     script.write_text(REAL_SCRIPT)
     with memcg(GiB, prefix=f"apsi-i12dask-{os.getpid()}") as group:
-        done = group.run([sys.executable, str(script)], timeout=240, cwd=os.getcwd())
+        done = group.run([sys.executable, str(script)], timeout=stretched(240), cwd=os.getcwd())
         kills = group.oom_kills()
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -752,8 +759,8 @@ def test_in_a_1gib_group_workers_get_at_most_half_and_1_5gib_completes(memcg: An
 def test_the_dask_benchmark_runs_with_the_dask_extra_alone() -> None:
     """``python -m benchmarks.dask_cgroup`` imported pytest, which the dask extra does not install."""
     script = "import sys\nsys.modules['pytest'] = None\nimport benchmarks.dask_cgroup\n"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False,
-                          cwd=os.getcwd())
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=stretched(60),
+                          check=False, cwd=os.getcwd())
     assert done.returncode == 0, done.stderr
 
 
@@ -790,7 +797,8 @@ def test_the_core_never_imports_dask_and_says_how_to_get_it() -> None:
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=stretched(60),
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert "pip install 'apsi-memory[dask]'" in done.stdout
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.load import stretched
 from tests.realcg import ChildGroup
 
 pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
@@ -83,7 +84,7 @@ if __name__ == "__main__":
                                 text=True)
     stranger.held = 0  # MiB: the stranger never gives back more than the hold asks (the level would drop)
     with cluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as made, made.get_client() as client:
-        client.wait_for_workers(2, timeout=60)
+        client.wait_for_workers(2, timeout=WORKERS_S)
         out["stranger_spike_mib"] = hold(stranger, SPIKE)
         deadline = time.monotonic() + 30
         while len(paused(client)) < 2 and time.monotonic() < deadline:
@@ -114,9 +115,10 @@ def _run(memcg: Callable[[int], ContextManager[ChildGroup]], tmp_path: Path,
          **env: str) -> tuple[dict[str, Any], str, str]:
     """The driver in a fresh 1 GiB group: its result, the group's figure, and its stderr (the workers' logs)."""
     script = tmp_path / "dask_pause_driver.py"
-    script.write_text(f"SPIKE, HOLD, WAIT_S = {SPIKE}, {HOLD}, {2 * WITHIN_S}\n" + DRIVER)
+    script.write_text(f"SPIKE, HOLD, WAIT_S, WORKERS_S = {SPIKE}, {HOLD}, {2 * WITHIN_S}, {stretched(60)}\n" + DRIVER)
     with memcg(GiB, prefix=f"apsi-i30pause-{os.getpid()}") as group:
-        done = group.run([sys.executable, str(script)], timeout=300, cwd=os.getcwd(), env={**os.environ, **env})
+        done = group.run([sys.executable, str(script)], timeout=stretched(300), cwd=os.getcwd(),
+                         env={**os.environ, **env})
         figure = group.describe()
         kills = group.oom_kills()
     assert done.returncode == 0, done.stderr[-3000:]

@@ -12,26 +12,11 @@ from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 from typing import Any
 
+from tests.load import stretched
 from tests.realcg import ChildGroup
 
 MiB = 1 << 20
 LIMIT = 512 * MiB
-SLOWDOWN_FILE = "/payload/slowdown"  # vm/ci.sh: the host's load per core when the VM started (1 to 10)
-
-
-def slowdown() -> float:
-    """How much slower than on an idle host this guest runs (TCG shares the host's CPUs): every timeout here and
-    each test's (tests/vm/conftest.py) is stretched by it. ``APSI_VM_SLOWDOWN`` overrides the file."""
-    text = os.environ.get("APSI_VM_SLOWDOWN")
-    if text is None and os.path.exists(SLOWDOWN_FILE):
-        with open(SLOWDOWN_FILE) as f:
-            text = f.read()
-    try:
-        return max(1.0, float(text or 1))
-    except ValueError:
-        return 1.0
-
-
 ROOT = str(Path(__file__).resolve().parents[2])  # the checkout: the jobs import tests.real
 JOBS = ["-m", "tests.vm.v2_jobs"]
 Group = Callable[..., ContextManager[ChildGroup]]
@@ -53,7 +38,7 @@ def start_job(group: ChildGroup, tmp_path: Path, *argv: str, prefix: tuple[str, 
 
 def finish(job: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
     try:
-        out, err = job.communicate(timeout=timeout * slowdown())
+        out, err = job.communicate(timeout=stretched(timeout))
     except subprocess.TimeoutExpired:
         job.kill()
         out, err = job.communicate(30)
