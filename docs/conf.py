@@ -29,7 +29,7 @@ myst_enable_extensions = ["colon_fence"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
-autodoc_default_options = {"members": False}
+autodoc_default_options: dict[str, object] = {}  # {"members": False} hid the members a directive asks for (Sphinx 9)
 add_module_names = False
 nitpicky = False
 

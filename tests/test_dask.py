@@ -720,6 +720,19 @@ def test_output_file_itself_is_right_under_a_process_cluster(client: Any) -> Non
     assert on_disk.tobytes() == (x * 2 + 1).tobytes()
 
 
+def test_out_is_filled_by_the_workers_and_named_only_when_whole(client: Any, tmp_path: Path) -> None:
+    """``map(engine=client, out=path)``: the process workers write the file under its temporary name; a failing
+    block leaves nothing at the path."""
+    x = np.random.default_rng(5).standard_normal((100_000, 4))
+    path = tmp_path / "y.npy"
+    y = memory.map(twice_plus_one, x, rows=10_000, engine=client, out=path)
+    assert np.load(path).tobytes() == (x * 2 + 1).tobytes() and y.filename == str(path)  # type: ignore[attr-defined]
+    assert os.listdir(tmp_path) == ["y.npy"]
+    with pytest.raises(memory.BlockError, match="rows 3000:4000"):
+        memory.map(fails_on_row_3500, np.arange(10_000.0), rows=1000, engine=client, out=tmp_path / "z.npy")
+    assert os.listdir(tmp_path) == ["y.npy"]
+
+
 def test_file_rows_refuses_nothing_silently_for_a_scattered_view() -> None:
     x = np.ones((100, 4))
     assert rows_in_file(x) is None and rows_in_file(x[:, :2]) is None  # in RAM: copied to a spill file first

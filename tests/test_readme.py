@@ -1,4 +1,5 @@
-"""Every ```python block of README.md and of each docs/**/*.md page runs and prints what its comments show.
+"""Every ```python block of README.md and of each docs/**/*.md page, and every ``.. code-block:: python`` of each
+docs/**/*.rst page (the API reference's examples), runs and prints what its comments show.
 
 The conventions (for whoever writes a block in the README or a docs page):
 
@@ -11,6 +12,8 @@ The conventions (for whoever writes a block in the README or a docs page):
   whole program: it runs alone, as a file pasted from the page, in a subprocess; one that imports dask is marked
   ``dask`` and skipped without the extra.
 * A block whose first line is ``# not run: <why>`` is only compiled (it must still be valid Python).
+* A block that imports dask (``import dask`` or ``from dask``) runs where the dask extra is installed; elsewhere it
+  is only compiled, and the blocks after it must not need what it made.
 * ``# prints: <line>`` is one line the block prints, in order: the block's whole output must be exactly those
   lines. The comment may end a statement's line or stand on its own line (several for a loop). In ``<line>``,
   ``…`` stands for any text (a path, a free-space figure that depends on the disk); everything else must match.
@@ -21,11 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
+import inspect
 import io
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +43,11 @@ from sim.tree import GiB, SimTree
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-PAGES = [README, *sorted(p for p in (REPO / "docs").rglob("*.md") if "_build" not in p.parts)]
+PAGES = [README, *sorted(p for p in (REPO / "docs").rglob("*.md") if "_build" not in p.parts),
+         *sorted(p for p in (REPO / "docs").rglob("*.rst") if "_build" not in p.parts)]
+API = REPO / "docs" / "reference" / "api.rst"
 NOT_RUN = "# not run:"
+NEEDS_DASK = re.compile(r"^\s*(?:import|from) dask\b", re.MULTILINE)
 MAIN = 'if __name__ == "__main__":'
 PRINTS = re.compile(r"#\s*prints:\s?(.*)$")
 
@@ -56,6 +65,10 @@ class Block:
     @property
     def runs(self) -> bool:
         return not self.code.lstrip().startswith(NOT_RUN)
+
+    @property
+    def needs_dask(self) -> bool:
+        return NEEDS_DASK.search(self.code) is not None
 
     @property
     def program(self) -> bool:
@@ -83,6 +96,36 @@ def python_blocks(text: str, page: str = "README.md") -> list[Block]:
     return blocks
 
 
+def indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def rst_python_blocks(text: str, page: str) -> list[Block]:
+    """The ``.. code-block:: python`` directives of an rst page, at any indent (inside an autodoc entry too): the
+    lines after its options and the blank line, as long as they are blank or indented deeper than the directive."""
+    blocks: list[Block] = []
+    lines = text.splitlines()
+    for at, line in enumerate(lines):
+        if line.strip() != ".. code-block:: python":
+            continue
+        start = at + 1
+        while start < len(lines) and lines[start].strip().startswith(":"):  # its options (:caption: ...)
+            start += 1
+        end = start
+        while end < len(lines) and (not lines[end].strip() or indent(lines[end]) > indent(line)):
+            end += 1
+        body = lines[start:end]
+        while body and not body[0].strip():
+            body, start = body[1:], start + 1
+        blocks.append(Block(start + 1, textwrap.dedent("\n".join(body).rstrip() + "\n"), page))
+    return blocks
+
+
+def page_blocks(path: Path) -> list[Block]:
+    text = path.read_text(encoding="utf-8")
+    return (rst_python_blocks if path.suffix == ".rst" else python_blocks)(text, page_name(path))
+
+
 def test_ci_runs_the_test_command_the_readme_gives() -> None:
     """One command, in a venv (not the system's Python): the README's, word for word (toxfile.py finds pyenv's
     interpreters, so nothing needs setting first)."""
@@ -108,6 +151,10 @@ def test_the_conventions_are_applied() -> None:
     blocks = python_blocks("text\n```python\nprint(1)  # prints: 1\n# prints: a…c\n```\n```python\n# not run: x\n```\n")
     assert [(b.line, b.expected, b.runs) for b in blocks] == [(3, ["1", "a…c"], True), (7, [], False)]
     assert matches("a…c", "abbbc") and not matches("a…c", "abd") and not matches("1.0 GB", "1x0 GB")
+    rst = rst_python_blocks(".. autofunction:: f\n\n   .. code-block:: python\n      :caption: c\n\n      x = 1\n\n"
+                            "      print(x)  # prints: 1\n\n   after\n.. code-block:: python\n\n   import dask\n", "p.rst")
+    assert [(b.line, b.code, b.expected, b.needs_dask) for b in rst] == [
+        (6, "x = 1\n\nprint(x)  # prints: 1\n", ["1"], False), (13, "import dask\n", [], True)]
 
 
 def check_output(block: Block, printed: list[str]) -> None:
@@ -126,13 +173,14 @@ def test_every_python_block_of_the_readme_and_the_docs_runs_and_prints_what_it_s
     monkeypatch.delenv("APSI_HOME", raising=False)
     monkeypatch.chdir(home)
     gc.collect()  # arrays a page before this one left to the collector are not in this page's report()
-    blocks = python_blocks(page.read_text(encoding="utf-8"), page_name(page))
-    if page == README:
-        assert blocks, "the README shows the library in a python block"
+    blocks = page_blocks(page)
+    if page in (README, API):
+        assert blocks, f"{page_name(page)} shows the library in a python block"
+    has_dask = importlib.util.find_spec("dask") is not None
     namespace: dict[str, object] = {"__name__": "page"}
     for block in blocks:
         compiled = compile(block.code, str(block), "exec")
-        if not block.runs or block.program:
+        if not block.runs or block.program or (block.needs_dask and not has_dask):
             continue
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -140,8 +188,56 @@ def test_every_python_block_of_the_readme_and_the_docs_runs_and_prints_what_it_s
         check_output(block, out.getvalue().splitlines())
 
 
+def reference_entries() -> dict[str, list[str]]:
+    """Each ``.. autofunction::`` / ``autoclass`` / ``autoexception`` entry of the API reference: its name and the
+    lines of its content (the indented lines under it, that the site shows after the docstring)."""
+    lines = API.read_text(encoding="utf-8").splitlines()
+    entries: dict[str, list[str]] = {}
+    for at, line in enumerate(lines):
+        if found := re.match(r"\.\. auto(?:function|class|exception):: (\S+)$", line):
+            end = next((i for i in range(at + 1, len(lines)) if lines[i].strip() and not indent(lines[i])), len(lines))
+            entries[found.group(1).rpartition(".")[2]] = lines[at + 1:end]
+    return entries
+
+
+def test_every_function_and_class_of_the_api_reference_shows_an_example_call() -> None:
+    """Before, 14 of 25 functions had none: a reader of the reference saw signatures only. The errors share one
+    example (catching ``ApsiMemoryError``); the examples' output is checked by the page test above."""
+    import apsi_memory as memory
+
+    entries = reference_entries()
+    assert set(entries) == set(memory.__all__)  # the parse finds every entry
+    errors = {name for name in memory.__all__ if isinstance(getattr(memory, name), type)
+              and issubclass(getattr(memory, name), Warning | memory.ApsiMemoryError)}
+    without = [name for name, content in entries.items() if name not in errors - {"ApsiMemoryError"}
+               and not any(line.strip() == ".. code-block:: python" for line in content)]
+    assert without == []
+
+
+def test_the_thresholds_the_reference_states_are_the_code_s() -> None:
+    """``Pressure``'s entry states when each level is entered and left, ``array``'s and ``free``'s the size under
+    which an array stays in NumPy's memory (before, they named ``decide.LEVEL_TABLE`` and the module docstrings,
+    which no page of the site shows): the numbers they state must be the code's."""
+    from apsi_memory import Level, Pressure, array, free
+    from apsi_memory.decide import SMALL_ARRAY_BYTES, levels, v2
+
+    assert SMALL_ARRAY_BYTES % (1 << 20) == 0
+    small = f"under {SMALL_ARRAY_BYTES >> 20} MiB"
+    assert small in " ".join(inspect.getdoc(array).split()) and small in " ".join(inspect.getdoc(free).split())
+
+    rows = [levels.LEVEL_TABLE[level] for level in (Level.MODERATE, Level.HIGH, Level.CRITICAL)]
+    text = " ".join(inspect.getdoc(Pressure).split())
+    assert f"free at or below {' / '.join(f'{r.enter_free * 100:g}' for r in rows)} % of usable" in text
+    assert f"``some`` at or above {' / '.join(f'{r.enter_some:g}' for r in rows)} %" in text
+    assert f"``full`` at or above {' / '.join(f'{r.enter_full:g}' for r in rows)} %" in text
+    assert all(round(r.leave_free - r.enter_free, 6) == 0.05 and r.leave_some == r.enter_some / 2
+               and r.leave_full == r.enter_full / 2 for r in rows), "5 points more free, half the stall share"
+    assert f"more than {levels.HOST_SHORT_FREE * 100:g} % of its RAM free; {rows[0].leave_free * 100:g} %" in text
+    assert f"for {v2.THROTTLE_WINDOW_S:g} s after each rise" in text
+
+
 PROGRAMS = [pytest.param(block, id=str(block).split(": ")[0], marks=[pytest.mark.dask] if "dask" in block.code else [])
-            for page in PAGES for block in python_blocks(page.read_text(encoding="utf-8"), page_name(page))
+            for page in PAGES for block in page_blocks(page)
             if block.runs and block.program]
 
 

@@ -36,7 +36,13 @@ def keep(x: np.ndarray, path: str | os.PathLike[str], overwrite: bool = False) -
     """Keep ``x`` as a ``.npy`` file at ``path`` that outlives the process; returns the file's absolute path.
 
     A whole spilled array on the same filesystem becomes that file without a byte written (``x`` is then backed by
-    it); anything else is written once. See the module docstring for what is refused."""
+    it, and later writes to ``x`` reach the file); anything else is written once, as ``numpy.save`` would write
+    ``x`` as it is now (``x`` stays where it was). Either way a reader of ``path`` sees no file or a whole
+    ``.npy``, never a torn one, and ``free``, the garbage collector and the exit leave the file alone.
+
+    Refused (``ArgumentError`` unless said): a freed array, a partly moved one (keep it once the move has finished),
+    a file already at ``path`` unless ``overwrite=True``, a symbolic link (``UnsafePathError``) or a folder there,
+    a folder that does not exist (``MissingFileError``) or that other users could write to (``UnsafePathError``)."""
     if not isinstance(x, np.ndarray):
         raise ArgumentTypeError(f"memory.keep takes a NumPy array, not {type(x).__name__}")
     where = npyfiles.target(path)

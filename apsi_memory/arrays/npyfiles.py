@@ -147,22 +147,64 @@ def _blocks(x: np.ndarray) -> Iterator[memoryview]:
         yield np.ascontiguousarray(x[start:start + rows]).reshape(-1).view(np.uint8).data
 
 
-def create(shape: tuple[int, ...], dtype: np.dtype[Any], nbytes: int, path: str, overwrite: bool) -> np.ndarray:
-    """A zero-filled array of ``nbytes`` in a new ``.npy`` at ``path``, its space reserved; a ``numpy.memmap`` of
-    it (a plain zero-size array for an empty one: nothing to map). The file is whole (zeros) from the moment it has
-    its name."""
-    spill.set_up()  # the fork hook: a child's writes must not reach this file (see the module docstring)
-    header = npy_header(dtype, shape)
-    with folder_of(path) as folder_fd:
-        refuse_taken(folder_fd, path, overwrite)
-        temp = temp_name()
-        with new_file(temp, _full(path, len(header) + nbytes), dir_fd=folder_fd, flags=os.O_RDWR) as fd:
+class Pending:
+    """A new ``.npy`` at ``path``, checked now and named last: ``array`` makes it, zero-filled and its space reserved,
+    under a temporary name in the folder (``map(out=)`` fills it block by block, its workers by that name);
+    ``publish`` gives it its name once it is whole, ``abandon`` removes it. The folder is checked once and used
+    through one descriptor until then."""
+
+    def __init__(self, path: str | os.PathLike[str], overwrite: bool) -> None:
+        self.path, self.overwrite = target(path), overwrite
+        self._folder = contextlib.ExitStack()
+        self.folder_fd = self._folder.enter_context(folder_of(self.path))
+        self.temp: str | None = None
+        self._fd: int | None = None
+        try:
+            refuse_taken(self.folder_fd, self.path, overwrite)  # now, not after hours of blocks
+        except BaseException:
+            self._folder.close()
+            raise
+
+    def array(self, shape: tuple[int, ...], dtype: np.dtype[Any], nbytes: int) -> np.ndarray:
+        """The file's array: a ``numpy.memmap`` (a plain zero-size array for an empty one: nothing to map)."""
+        spill.set_up()  # the fork hook: a child's writes must not reach this file (see the module docstring)
+        header = npy_header(dtype, shape)
+        self.temp = temp_name()
+        with new_file(self.temp, _full(self.path, len(header) + nbytes), dir_fd=self.folder_fd,
+                      flags=os.O_RDWR) as fd:
             if not libc.posix_fallocate(fd, 0, len(header) + nbytes):
                 os.ftruncate(fd, len(header) + nbytes)
             write_all(fd, header)
-            os.fsync(fd)
-            publish(folder_fd, temp, path, overwrite)
-    with open(path, "r+b", opener=lambda _path, _flags: fd) as f:  # the descriptor we made, not the path again
+        self._fd = fd
         if nbytes == 0:
             return np.zeros(shape, dtype)
-        return np.memmap(f, dtype=dtype, mode="r+", offset=len(header), shape=shape)
+        where = os.path.join(os.path.dirname(self.path), self.temp)
+        with open(where, "r+b", opener=lambda _path, _flags: os.dup(fd)) as f:  # ours, not the path again
+            return np.memmap(f, dtype=dtype, mode="r+", offset=len(header), shape=shape)
+
+    def publish(self, x: np.ndarray) -> None:
+        """``x`` (this file's array) written and ``fsync``-ed, then the file named ``path``; ``x.filename`` too."""
+        try:
+            if isinstance(x, np.memmap):
+                x.flush()
+            assert self._fd is not None and self.temp is not None, "publish before array"
+            os.fsync(self._fd)
+            publish(self.folder_fd, self.temp, self.path, self.overwrite)
+            if isinstance(x, np.memmap):
+                x.filename = self.path
+        except BaseException:
+            self.abandon()
+            raise
+        self._close()
+
+    def abandon(self) -> None:
+        """Nothing is published: the temporary file goes (``publish`` removes it itself if naming fails)."""
+        if self.temp is not None:
+            unlink_quietly(self.temp, self.folder_fd)
+        self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._folder.close()

@@ -212,12 +212,19 @@ def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
 def array(shape: int | Sequence[int], dtype: Any = "float64", path: str | os.PathLike[str] | None = None,
           overwrite: bool = False) -> np.ndarray:
     """A zero-filled array of ``shape`` and ``dtype``: in RAM if it fits what is left of the budget and memory is
-    not under ``high`` pressure, otherwise memory-mapped from a spill file (see the module docstring). With
-    ``path``, memory-mapped from a new ``.npy`` file there that the library never deletes (``keeping``)."""
+    not under ``high`` pressure, otherwise memory-mapped from a spill file under ``~/.apsi/spill``
+    (``APSI_SPILL_DIR``), whose space is reserved first (a full disk raises ``DiskFullError`` here, not a crash
+    later) and which ``free``, the garbage collector or the exit deletes. What is left of the budget is
+    ``budget()`` less the RAM this process's arrays hold, and at most the memory free now less what they have not
+    written yet; arrays under 1 MiB always stay in RAM. Either way a real ``numpy.ndarray`` (a ``numpy.memmap`` on
+    the SSD, which ``on_disk`` tells); ``report()`` lists it with the reason. Under pressure a big RAM array may
+    later move to a spill file in place, the same object at the same address (docs/guides/what-moves.md). With
+    ``path``, memory-mapped from a new ``.npy`` file there that the library never deletes (a path refused as
+    ``keep`` refuses it)."""
     dims, kind = normalize_shape(shape), normalize_dtype(dtype)
     nbytes = nbytes_of(dims, kind)
     if path is not None:
-        return _in_file(dims, kind, nbytes, npyfiles.target(path), overwrite)
+        return _in_file(dims, kind, path, overwrite)
     if nbytes < SMALL_ARRAY_BYTES:  # place() ignores budget and level here: do not read them
         return _small(dims, kind)
     where, why = _where(nbytes)
@@ -311,22 +318,40 @@ def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: str) -> np.memmap:
     return _track_file(spill.create(shape, dtype), why)
 
 
-def _in_file(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, path: str, overwrite: bool) -> np.ndarray:
-    x = npyfiles.create(shape, dtype, nbytes, path, overwrite)
+def _in_file(shape: tuple[int, ...], dtype: np.dtype, path: str | os.PathLike[str], overwrite: bool) -> np.ndarray:
+    pending = npyfiles.Pending(path, overwrite)
+    x = in_pending(pending, shape, dtype)
+    publish(pending, x)
+    return x
+
+
+def in_pending(pending: npyfiles.Pending, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A tracked array in ``pending``'s file (``report`` names it by its path-to-be), for ``publish``."""
+    x = pending.array(shape, dtype, nbytes_of(shape, dtype))
     if not isinstance(x, np.memmap):  # empty: nothing mapped, nothing to track but its record
-        _remember(_Tracked(x, x, Place.SSD, _KEPT_WHY, path))
+        _remember(_Tracked(x, x, Place.SSD, _KEPT_WHY, pending.path))
         return x
-    return _track_file(x, _KEPT_WHY)
+    return _track_file(x, _KEPT_WHY, pending.path)
+
+
+def publish(pending: npyfiles.Pending, x: np.ndarray) -> None:
+    """``x``, made by ``in_pending``, whole: its file gets its name. If that fails, ``x`` is freed and the file
+    removed."""
+    try:
+        pending.publish(x)
+    except BaseException:
+        free(x)
+        raise
 
 
 _KEPT_WHY = "asked for a file of its own (path=): apsi_memory never deletes it"
 
 
-def _track_file(x: np.memmap, why: str) -> np.memmap:
+def _track_file(x: np.memmap, why: str, path: str | None = None) -> np.memmap:
     mapping = x._mmap  # type: ignore[attr-defined]  # numpy.memmap's own mmap: the owner of the pages
     # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
     start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY
-    _remember(_Tracked(mapping, x, Place.SSD, why, str(x.filename), start, len(mapping)))
+    _remember(_Tracked(mapping, x, Place.SSD, why, path or str(x.filename), start, len(mapping)))
     return x
 
 
@@ -384,8 +409,12 @@ entry_of = _find
 def free(x: np.ndarray) -> None:
     """Give ``x``'s RAM back now, or delete its spill file now. ``x`` may be a view: its whole array is freed.
 
-    Afterwards ``x`` is read-only and reads zeros (see the module docstring). Freeing twice does nothing; an array
-    ``memory.array`` did not make is left as it is, with a ``NotFreedWarning``."""
+    Afterwards ``x`` (and the array ``memory.array`` returned) is read-only and reads zeros: writing raises NumPy's
+    ``ValueError: assignment destination is read-only``. The memory goes back at once even while views exist, and
+    nothing is unmapped, so nothing that still points at it can crash: views made before ``free`` read zeros and
+    may still be written (into memory of their own). An array under 1 MiB is only made read-only and dropped from
+    ``report()``; its bytes go back with its last reference. Freeing twice, or a view after its array, does
+    nothing; an array ``memory.array`` did not make is left as it is, with a ``NotFreedWarning``."""
     if not isinstance(x, np.ndarray):
         raise ArgumentTypeError(f"memory.free takes an array made by memory.array, not {type(x).__name__}")
     entry = _find(x)

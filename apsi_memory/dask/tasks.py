@@ -32,7 +32,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..arrays import placement, spill
+from ..arrays import npyfiles, placement, spill
 from ..blocks.pages import BlockPages, file_region, row_extent
 from ..blocks.progress import progress_bar
 from ..blocks.rules import DEFAULT_BLOCK_BYTES, block_spans, rows_per_block
@@ -219,10 +219,12 @@ def restore_cause(exc: BaseException) -> None:
 # -- on the client -------------------------------------------------------------------------------------------------
 
 def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, rows: int | None = None,
-                   workers: int | None = None, *, progress: bool = False) -> np.ndarray:
-    """``memory.map(fn, x, rows, workers, engine=client)``: see the module docstring. ``workers`` (default: the
-    cluster's threads) sets the default ``rows`` as locally, and how many blocks are in flight: two each, more
-    while they hold under 32 MiB of input together (``decide.cluster_blocks_in_flight``)."""
+                   workers: int | None = None, *, progress: bool = False,
+                   out: npyfiles.Pending | None = None) -> np.ndarray:
+    """``memory.map(fn, x, rows, workers, engine=client, out=path)``: see the module docstring. ``workers``
+    (default: the cluster's threads) sets the default ``rows`` as locally, and how many blocks are in flight: two
+    each, more while they hold under 32 MiB of input together (``decide.cluster_blocks_in_flight``). ``out``: the
+    file ``map(out=)`` checked, which the workers fill under its temporary name."""
     source = resolve_source(x)
     if source.given is not None and placement.is_freed(source.given):
         raise freed_source("before map was called")
@@ -236,7 +238,7 @@ def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, 
     inputs = found if found is not None else _spill_copy(array, spans)
     in_flight = cluster_blocks_in_flight(threads, block_rows * source.row_bytes(), DEFAULT_BLOCK_BYTES)
     try:
-        return _run(cluster, fn, inputs, spans, in_flight, progress, source.given)
+        return _run(cluster, fn, inputs, spans, in_flight, progress, source.given, out)
     finally:
         if found is None:
             spill.delete(inputs.path)
@@ -300,14 +302,13 @@ def _alive(given: np.ndarray | None) -> None:
 
 
 def _run(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, progress: bool,
-         given: np.ndarray | None) -> np.ndarray:
+         given: np.ndarray | None, pending: npyfiles.Pending | None) -> np.ndarray:
     client = cluster.client
     first = _first(cluster, fn, inputs, spans)
     _alive(given)
     check_storable(first, spans)
     shape = (inputs.shape[0], *first.shape[1:])
-    why = "SSD: the output of map on a dask cluster (its workers write it by path)"
-    out = placement.array(shape, first.dtype) if len(spans) == 1 else placement._spilled(shape, first.dtype, why)
+    out = _output(pending, shape, first.dtype, len(spans))
     bar = progress_bar(progress, inputs.shape[0], "map")
     live: dict[int, Any] = {}  # the blocks handed out and not finished: only these futures are kept
     try:
@@ -334,6 +335,8 @@ def _run(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans, in_flight: i
                 bar.update(spans[index][1] - spans[index][0])
 
             run_in_order(len(spans), in_flight, submit, wait_for, done, Stop(len(spans)), lambda: None, start=1)
+        if pending is not None:
+            placement.publish(pending, out)
     except BaseException as exc:
         _abandon(client, live.values(), out)
         restore_cause(exc)
@@ -341,6 +344,16 @@ def _run(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans, in_flight: i
     finally:
         bar.close()
     return out
+
+
+def _output(pending: npyfiles.Pending | None, shape: tuple[int, ...], dtype: np.dtype[Any],
+            blocks: int) -> np.ndarray:
+    """``map(out=)``'s file; else a spill file the workers write by path (RAM when block 0 is the only one)."""
+    if pending is not None:
+        return placement.in_pending(pending, shape, dtype)
+    if blocks == 1:
+        return placement.array(shape, dtype)
+    return placement._spilled(shape, dtype, "SSD: the output of map on a dask cluster (its workers write it by path)")
 
 
 class _Block:

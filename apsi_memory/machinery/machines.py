@@ -37,7 +37,16 @@ BUDGET_ENV = "APSI_RAM_BUDGET"
 
 
 class Machine:
-    """One machine as the library sees it (see the module docstring)."""
+    """One machine as the library sees it: the folder that stands for ``/`` (``root``, where its kernel files are
+    read), the clock it waits on, the RAM budget ``budget()`` set, the RAM its arrays (``memory.array``) hold, the
+    level (re-measured at most twice a second) and the pools and stores that hear when it changes.
+
+    The module-level functions (``memory.limits()``, ``memory.array()``, ...) use ``machine()``: this process's own,
+    made on first use (its root from ``APSI_FS_ROOT``, else ``/``), or the one a ``with m.use():`` block installed
+    in this thread or task. ``Machine(root=folder)`` reads ``proc`` and ``sys/fs/cgroup`` under ``folder`` instead
+    (a test's fake tree: ``sim.machine(tree)``). ``siblings``: ``True`` shares the memory group's reservation
+    ledger with the other processes of this user where the root is ``/`` (under another root there is none);
+    ``False`` or ``None``: none."""
 
     def __init__(self, root: str | None = None, clock: Clock | None = None,
                  siblings: Siblings | None | bool = True) -> None:
@@ -154,7 +163,7 @@ class Machine:
     # -- the budget ------------------------------------------------------------------------------------------------
 
     def budget(self, gb: float | str | None = None) -> Budget:
-        """Read the budget, or set it (see ``budget`` below)."""
+        """Read this machine's budget, or set it, as ``memory.budget()`` does for the machine in use."""
         if isinstance(gb, str) and gb.strip().lower() == "auto":
             self.budget_set = None
         elif gb is not None:

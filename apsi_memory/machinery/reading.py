@@ -252,8 +252,10 @@ def limits_from(reading: MemoryReading, budget: Budget, siblings: SiblingReading
 class Pressure(Reading):
     """One pressure reading (``pressure()``).
 
-    * ``level``: ``ok``, ``moderate``, ``high`` or ``critical``, the worst of the three signals below
-      (``decide.LEVEL_TABLE``);
+    * ``level``: ``ok``, ``moderate``, ``high`` or ``critical``, the worst of the three signals below: free at or
+      below 30 / 20 / 5 % of usable, ``some`` at or above 5 / 15 / 40 %, ``full`` at or above 2 / 10 / 30 % enter
+      moderate / high / critical; a level is left only once every signal is past its mark for leaving (5 points
+      more free, half the stall share), so a reading that hovers at a threshold does not flap;
     * ``free_bytes``, ``usable_bytes``, ``free_fraction``: free memory, usable memory, and the first over the second;
     * ``some``: PSI ``some`` avg10, the percent of the last 10 s in which at least one task waited for memory;
     * ``full``: PSI ``full`` avg10, the percent in which every non-idle task waited at once (no work was done);
@@ -261,11 +263,13 @@ class Pressure(Reading):
       ``some``/``full``/``psi_source`` are ``None`` where the kernel has no PSI, never 0;
     * ``cause``: the signal(s) past the level's thresholds, e.g. ``some ≥ 5 %`` (``None`` at ``ok``);
     * ``psi_problem``: why stalls are not available although a PSI file is there (it could not be parsed);
-    * ``stalls_ignored``: why ``some``/``full`` did not count toward the level: they are the host's and the host is
-      not short of memory, limit or not (``decide.host_stalls_count``); None when they counted;
+    * ``stalls_ignored``: why ``some``/``full`` did not count toward the level: they are the host's
+      (``/proc/pressure/memory`` or the root group's file: every group's stalls) and the host is not short of
+      memory, limit or not (more than 30 % of its RAM free; 35 % once the level is above ``ok``); None when they
+      counted;
     * ``throttled_s``: cgroup v2, seconds since the kernel last throttled the group at ``memory.high`` (its
-      ``memory.events`` ``high`` count rose), while that is within ``decide.THROTTLE_WINDOW_S``: the level is then
-      at least ``high`` and the cause says ``throttled at memory.high``; None otherwise;
+      ``memory.events`` ``high`` count rose), for 10 s after each rise: the level is then at least ``high`` and
+      the cause says ``throttled at memory.high``; None otherwise;
     * ``oom_group``: cgroup v2, the group one OOM kill takes whole (``memory.oom.group`` 1), named in the text.
     """
 

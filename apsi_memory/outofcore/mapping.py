@@ -21,6 +21,11 @@ How it runs
 * A ``memory.array`` input freed (``memory.free``: it reads as zeros since) before the call or while blocks run
   raises ``ChunkError``, as a failing block does: each block checks once ``fn`` returned, so none is written from
   zeros.
+* ``out=path``: the output is a new ``.npy`` there that the library never deletes (as ``memory.array(path=)``),
+  made under a temporary name in that folder once block 0's result fixes its shape (its space reserved then: a
+  full disk fails early), filled in place, and named only once every block is written and ``fsync``-ed: a reader
+  sees no file or the whole result, and its bytes are written once. A file at the path is refused before any
+  block runs unless ``overwrite=True``; on an error or Ctrl-C nothing is left at the path and an old file stays.
 * An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
 * ``engine=client`` (a ``distributed.Client``) runs the blocks on a dask cluster instead, by the same rules and
   with byte-identical results: see ``apsi_memory.dask`` (the ``apsi-memory[dask]`` extra).
@@ -38,7 +43,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..arrays import placement
+from ..arrays import npyfiles, placement
 from ..blocks.pages import BlockPages
 from ..blocks.progress import Progress, progress_bar
 from ..blocks.rules import block_spans, positive_count, rows_per_block
@@ -60,20 +65,27 @@ from ..units import flag
 
 def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,
         rows: int | None = None, workers: int | None = None, *, progress: bool = False,
-        engine: Any = None) -> np.ndarray:
+        engine: Any = None, out: str | os.PathLike[str] | None = None, overwrite: bool = False) -> np.ndarray:
     """``fn`` applied to each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy``
     path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight
     hold about 32 MB of input. ``engine``: a ``distributed.Client`` to run the blocks on its cluster (``workers``
-    then defaults to the cluster's threads). See the module docstring for the rules."""
+    then defaults to the cluster's threads). ``out``: the output is a ``.npy`` file there that stays (written
+    once, named only when whole; ``overwrite`` as for ``memory.keep``). See the module docstring for the rules."""
     if not callable(fn):  # else every block would fail with the same TypeError, reported as the block's
         raise ArgumentTypeError(f"map needs a function of a block, not {type(fn).__name__}")
     progress = flag(progress, "map: progress")
-    if engine is not None:
-        from ..dask import map_on_cluster  # the dask extra, imported only when asked for
+    pending = None if out is None else npyfiles.Pending(out, flag(overwrite, "map: overwrite"))
+    try:
+        if engine is not None:
+            from ..dask import map_on_cluster  # the dask extra, imported only when asked for
 
-        return map_on_cluster(engine, fn, x, rows, workers, progress=progress)
-    with streamed(x, rows, workers, progress, "map") as blocks:
-        return _run(fn, blocks.array, blocks.spans, blocks.inputs, blocks.workers, blocks.bar)
+            return map_on_cluster(engine, fn, x, rows, workers, progress=progress, out=pending)
+        with streamed(x, rows, workers, progress, "map") as blocks:
+            return _run(fn, blocks.array, blocks.spans, blocks.inputs, blocks.workers, blocks.bar, pending)
+    except BaseException:
+        if pending is not None:
+            pending.abandon()
+        raise
 
 
 class Streamed(NamedTuple):
@@ -112,8 +124,8 @@ class _Output:
     """The output array, made from block 0's result by the thread that computed it. Blocks that started beside
     block 0 keep their results until it exists (``wait``), so no core idles while the first block runs."""
 
-    def __init__(self, rows: int, spans: Spans) -> None:
-        self.rows, self.spans = rows, spans
+    def __init__(self, rows: int, spans: Spans, pending: npyfiles.Pending | None) -> None:
+        self.rows, self.spans, self.pending = rows, spans, pending
         self.array: np.ndarray | None = None
         self.pages: BlockPages | None = None
         self._unnoted: list[int] = []  # blocks handed out before the output existed
@@ -122,7 +134,9 @@ class _Output:
 
     def make(self, first: np.ndarray) -> None:
         check_storable(first, self.spans)
-        array = placement.array((self.rows,) + first.shape[1:], first.dtype)
+        shape = (self.rows,) + first.shape[1:]
+        array = (placement.array(shape, first.dtype) if self.pending is None
+                 else placement.in_pending(self.pending, shape, first.dtype))
         with self._lock:
             self.array, self.pages = array, BlockPages(array, self.spans)
             for index in self._unnoted:
@@ -162,8 +176,8 @@ class _Output:
 
 
 def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
-         workers: int, bar: Progress) -> np.ndarray:
-    output = _Output(len(array), spans)
+         workers: int, bar: Progress, pending: npyfiles.Pending | None) -> np.ndarray:
+    output = _Output(len(array), spans, pending)
     try:
         _run_blocks(fn, array, spans, inputs, output, workers, bar)
     except BaseException:
@@ -171,6 +185,8 @@ def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans
         raise
     output.close()
     assert output.array is not None
+    if pending is not None:
+        placement.publish(pending, output.array)
     return output.array
 
 

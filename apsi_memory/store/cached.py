@@ -72,8 +72,11 @@ def cached(*, store: Store | str = DEFAULT_STORE, ram_mb: float | str = DEFAULT_
 def cached(func: Callable[..., Any] | None = None, *, store: Store | str = DEFAULT_STORE,
            ram_mb: float | str = DEFAULT_RAM_MB, disk_gb: float | str = DEFAULT_DISK_GB, files: Sequence[str] = ()) -> Any:
     """``@cached`` or ``@cached(store="features", ram_mb=..., disk_gb=..., files=("path",))``; ``store`` may also
-    be a ``Store``. ``files`` names parameters that take a path as ``str``: they are keyed by the file's identity,
-    as ``os.PathLike`` arguments always are (see the module docstring).
+    be a ``Store``. A call's key is a digest of the function's code and of its arguments by value (arrays and
+    tensors by dtype, shape and bytes, anything else by its pickle), not of what it reads from globals or of the
+    functions it calls. ``files`` names parameters that take a path as ``str``: they are keyed by the path and the
+    file's identity (device, inode, size, modification time; not its content), as ``os.PathLike`` arguments always
+    are, so an edited or replaced file misses.
 
     The store opens on the first call, so decorating costs nothing at import. The wrapper's ``.store`` is that
     store (``None`` before the first call); ``.stats()`` counts this function's hits, misses and evictions in this
