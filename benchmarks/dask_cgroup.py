@@ -14,7 +14,9 @@ container), so stock dask reads the group's limit itself.
 Each run: a fresh child group of 1 GiB under this process's own v1 memory group, 2 workers × 1 thread, 3 GiB of
 ``x * 2 + 1`` persisted in 16 MiB chunks. Reported: the worker limit the scheduler registered, the kernel's OOM
 kills in the group (its ``memory.oom_control`` counter), worker restarts (worker addresses seen beyond the first
-two), failed tasks, whether it finished within the time limit, and the wall time. The group is always removed.
+two), failed tasks, whether it finished, and the wall time; a run that did not finish says why: ``KilledWorker
+after N s`` (dask gave up on a task whose workers kept dying), another task error, the client's death, or the
+time limit. The group is always removed.
 """
 
 from __future__ import annotations
@@ -53,17 +55,41 @@ def run_variant(variant: str, limit_s: float, workload: str = "persist", total: 
         limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
         print(json.dumps({"variant": variant, "worker_limit_bytes": limit}), flush=True)  # in case we are killed
         seen = set(client.scheduler_info()["workers"])
-        start = time.monotonic()
         futures = client.futures_of(_workload(workload, total).persist())
-        while time.monotonic() - start < limit_s and any(f.status == "pending" for f in futures):
-            with contextlib.suppress(Exception):  # the scheduler may be busy or its worker gone
-                seen |= set(client.scheduler_info()["workers"])
-            time.sleep(0.5)
-        wall = time.monotonic() - start
-        statuses = [f.status for f in futures]
-        return {"variant": variant, "worker_limit_bytes": limit, "restarts": len(seen) - WORKERS,
-                "failed_tasks": statuses.count("error"), "finished": statuses.count("finished") == len(futures),
-                "wall_s": round(wall, 1)}
+        watched = watch(client, futures, limit_s)
+        seen |= watched.pop("seen")
+        return {"variant": variant, "worker_limit_bytes": limit, "restarts": len(seen) - WORKERS, **watched}
+
+
+def watch(client: Any, futures: list[Any], limit_s: float) -> dict[str, Any]:
+    """Until every future is done, one has failed (the run is lost: ``error`` names how, ``KilledWorker`` when
+    dask gave up on a task whose workers kept dying), or ``limit_s`` has passed; and the workers seen meanwhile."""
+    seen: set[str] = set()
+    start = time.monotonic()
+    error = None
+    while time.monotonic() - start < limit_s and any(f.status == "pending" for f in futures):
+        with contextlib.suppress(Exception):  # the scheduler may be busy or its worker gone
+            seen |= set(client.scheduler_info()["workers"])
+        error = failure(futures)
+        if error is not None:
+            break
+        time.sleep(0.5)
+    wall = time.monotonic() - start
+    statuses = [f.status for f in futures]
+    return {"failed_tasks": statuses.count("error"), "finished": statuses.count("finished") == len(futures),
+            "error": error or failure(futures), "wall_s": round(wall, 1), "seen": seen}
+
+
+def failure(futures: list[Any]) -> str | None:
+    """How the first failed future failed: ``KilledWorker`` (distributed's: the workers running it died
+    ``allowed-failures`` times, here the kernel's OOM killer or the nanny at 95 %), else its error's class name."""
+    from distributed import KilledWorker
+
+    for f in futures:
+        if f.status == "error":
+            exc = f.exception()
+            return "KilledWorker" if isinstance(exc, KilledWorker) else f"task error {type(exc).__name__}"
+    return None
 
 
 def _workload(name: str, total: int) -> Any:
@@ -142,6 +168,8 @@ def _finished(row: dict[str, Any]) -> str:
         return "yes"
     if "client_exit" in row:
         return f"no: the client process died (exit {row['client_exit']})"
+    if row.get("error"):
+        return f"no: {row['error']} after {row['wall_s']} s"
     return "no: time limit"
 
 

@@ -477,7 +477,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return status, err + out  # with --json an error is one JSON object on stdout
 
 
-SUBCOMMANDS = ["status", "limits", "pressure", "dask-limit", "spill", "stores", "clean"]
+SUBCOMMANDS = ["status", "limits", "pressure", "dask-limit", "spill", "stores", "clean", "siblings"]
 USAGE_ERRORS = [(["--bogus"], "unrecognized arguments: --bogus"), (["extra"], "unrecognized arguments: extra"),
                 (["--json=yes"], "argument --json: ignored explicit argument 'yes'"),
                 (["-x"], "unrecognized arguments: -x"), (["--json", "--json", "7"], "unrecognized arguments: 7")]
@@ -505,6 +505,8 @@ def test_a_wrong_flag_is_a_usage_error_naming_it(capsys, command, args, problem)
     ("clean", ["--store"], "argument --store: expected one argument"),
     ("spill", ["--dry-run"], "unrecognized arguments: --dry-run"),  # another subcommand's flag
     ("stores", ["--workers", "2"], "unrecognized arguments: --workers 2"),
+    ("siblings", ["--dry-run"], "unrecognized arguments: --dry-run"),
+    ("dask-limit", ["--nthreads", "0"], "argument --nthreads: N must be a whole number of threads, at least 1"),
 ])
 def test_a_wrong_value_is_a_usage_error_naming_the_flag(capsys, command, args, problem):
     status, err = cli(capsys, command, *args)

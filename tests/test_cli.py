@@ -15,7 +15,7 @@ from apsi_memory.cli.commands import main
 from apsi_memory.decide import chunk_bytes, worker_memory_limit
 from sim import tree as machines
 from sim.clock import FakeClock
-from sim.tree import GiB, SimTree
+from sim.tree import GiB, MiB, SimTree
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -100,8 +100,29 @@ def test_dask_limit_shows_its_sizes_in_the_one_convention(sim_machine: Callable[
     sim_machine(machines.docker_v1, limit=4 * GiB, usage=1 * GiB, inactive_file=0)
     limit = worker_memory_limit(4 * GiB, 2)
     assert run("dask-limit", "--workers", "2").stdout == (  # (test first failed: "1.88 GiB", "128 MiB")
-        f"--memory-limit {limit} per worker ({limit / GiB:.2f} GB, 2 workers sharing 4.0 GB), chunks of "
-        f"{chunk_bytes(limit) >> 20} MB\n")
+        f"--memory-limit {limit} per worker ({limit / GiB:.2f} GB, 2 workers of 1 thread sharing 4.0 GB), chunks "
+        f"of {chunk_bytes(limit) >> 20} MB\nrechunk method p2p, p2p buffers {limit / 10 / 2**20:.1f} MB (comm) and "
+        f"{limit / 10 / 2**20:.1f} MB (storage) per worker\n")
+
+
+def test_dask_limit_with_threads_gives_each_thread_its_chunks_and_counts_workers_as_cluster_does(
+        sim_machine: Callable[..., SimTree]) -> None:
+    """``--nthreads`` (the rule assumed 1 thread a worker): 4 threads' running tasks share the room 1 thread's
+    had (64 MB chunks where 1 thread gets dask's most, 128 MB), and 2 cores of 2 threads are 1 worker."""
+    sim_machine(machines.docker_v1, limit=4 * GiB)
+    one, four = (json.loads(run("dask-limit", "--workers", "1", "--nthreads", n, "--json").stdout) for n in "14")
+    assert one["memory_limit_bytes"] == four["memory_limit_bytes"] == worker_memory_limit(4 * GiB, 1)
+    assert (one["chunk_bytes"], four["chunk_bytes"]) == (128 * MiB, 64 * MiB) and four["nthreads"] == 4
+    assert json.loads(run("dask-limit", "--nthreads", "2", "--json").stdout)["workers"] == 1
+    assert "N must be a whole number of threads, at least 1, not '0'" in error_as_json(
+        run("dask-limit", "--nthreads", "0", "--json"), 2, "UsageError")
+
+
+def test_dask_limit_never_advises_chunks_over_dasks_own_128_mib(sim_machine: Callable[..., SimTree]) -> None:
+    """A 64 GB host's one worker got 4 GB chunks: a handful of tasks per array, each spilled whole."""
+    sim_machine(machines.host, total=64 * GiB, available=60 * GiB)
+    shown = json.loads(run("dask-limit", "--workers", "1", "--json").stdout)
+    assert shown["memory_limit_bytes"] > 16 * GiB and shown["chunk_bytes"] == 128 * MiB
 
 
 # `apsi-memory pressure --watch SECONDS` as ``python -m apsi_memory`` runs it, but on an autojump FakeClock over the

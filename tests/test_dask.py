@@ -26,6 +26,7 @@ pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra:
 import apsi_memory as memory
 from apsi_memory import BlockError, ChunkError, decide
 from apsi_memory import dask as amd
+from apsi_memory.adapters.dask_workers import dask_workers_in_group
 from apsi_memory.blocks.rules import block_spans
 from apsi_memory.cli import commands as cli
 from apsi_memory.dask.tasks import NO_WORKER_SETTING, NO_WORKER_TIMEOUT_S, EvenSpans, FileRows, rows_in_file
@@ -92,7 +93,9 @@ def test_cli_dask_limit_prints_the_rule_for_this_machine(sim_machine: Callable[.
     sim_machine(machines.docker_v1, limit=1 * GiB)
     assert cli.main(["dask-limit", "--workers", "2", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown == {"workers": 2, "usable_bytes": GiB, "memory_limit_bytes": 384 * MiB, "chunk_bytes": 16 * MiB}
+    # the first four keys are the interface scripts read; keys are only ever added (nthreads, rechunk, p2p ...)
+    assert shown.items() >= {"workers": 2, "usable_bytes": GiB, "memory_limit_bytes": 384 * MiB,
+                             "chunk_bytes": 16 * MiB}.items()
     assert cli.main(["dask-limit", "--workers", "2"]) == 0
     assert "--memory-limit 402653184 per worker" in capsys.readouterr().out
     assert cli.main(["dask-limit", "--workers", "9"]) == 1
@@ -409,6 +412,9 @@ def _dask_worker(tmp_path: Path, *args: str, group: Any = None) -> tuple[dict[st
     script.write_text(SCHEDULER_AND_WORKER)
     argv = [sys.executable, str(script), *args]
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "APSI_TEST_SLOWDOWN": str(slowdown())}
+    if group is None and (strangers := dask_workers_in_group()):
+        # their workers share this group's memory too (as they should): the expected share would be a guess
+        pytest.skip(f"{len(strangers)} dask worker processes of another job run in this test's cgroup")
     if group is None:
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=stretched(120),
                               check=False)

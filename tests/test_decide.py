@@ -289,6 +289,7 @@ def test_dask_workers_together_never_exceed_the_usable_memory(usable: int, worke
 def test_dask_chunks_of_running_tasks_fit_between_spill_target_and_pause(limit: int, threads: int) -> None:
     size = decide.chunk_bytes(limit, threads)
     assert size >= decide.MIN_CHUNK_BYTES and size & (size - 1) == 0  # a power of two, never under 1 MiB
+    assert size <= decide.MAX_CHUNK_BYTES  # dask's own default at most, however big the worker
     room = limit * (decide.DASK_PAUSE_FRACTION - decide.DASK_SPILL_TARGET)
-    if size > decide.MIN_CHUNK_BYTES:
+    if decide.MIN_CHUNK_BYTES < size < decide.MAX_CHUNK_BYTES:
         assert threads * decide.CHUNKS_PER_TASK * size <= room < threads * decide.CHUNKS_PER_TASK * size * 2 + 1

@@ -5,10 +5,11 @@ own slot lock, and closing one is what the kernel does when a process dies. Thei
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -16,7 +17,8 @@ import apsi_memory as memory
 import sim
 import sim.tree
 from apsi_memory import Machine
-from apsi_memory.decide import default_budget, shared_budget
+from apsi_memory.cli import commands as cli
+from apsi_memory.decide import ALIKE_MIN_BYTES, ALIKE_WITHIN, alike_holders, default_budget, shared_budget
 from apsi_memory.errors import UnsafePathError
 from apsi_memory.machinery.reservations import (
     FILE_BYTES,
@@ -200,6 +202,51 @@ def test_siblings_and_limits_say_what_siblings_hold_reserved(tmp_path):
         assert memory.budget().siblings_reserved_bytes > 0 and "shared by 2 processes" in memory.budget().source
     finally:
         other.close()
+
+
+@given(st.lists(st.integers(0, 4 * GiB), max_size=7))
+@example([100 * MiB, 101 * MiB, 2000 * MiB, 2010 * MiB])  # two pairs: the one holding more is named
+def test_alike_holders_is_the_largest_set_of_processes_holding_about_the_same(held):
+    """Checked against every subset: none larger (or as large, holding more) also qualifies."""
+    from itertools import combinations
+
+    def qualifies(indices: tuple[int, ...]) -> bool:
+        sizes = [held[i] for i in indices]
+        return len(sizes) >= 2 and min(sizes) >= ALIKE_MIN_BYTES and max(sizes) <= min(sizes) * (1 + ALIKE_WITHIN)
+
+    found = alike_holders(held)
+    assert found == sorted(found) and (found == [] or qualifies(tuple(found)))
+    best = max((c for n in range(2, len(held) + 1) for c in combinations(range(len(held)), n) if qualifies(c)),
+               key=lambda c: (len(c), min(held[i] for i in c)), default=())
+    assert len(found) == len(best) and (not best or min(held[i] for i in found) == min(held[i] for i in best))
+
+
+def test_siblings_each_and_those_holding_about_the_same_bytes(capsys):
+    """Issue 28 item 5: four DataLoader workers each caching 600 MiB showed as one sum; now each sibling shows,
+    and the ones that hold about the same bytes (one dataset loaded once per process) are named."""
+    m = memory.machine()
+    others = [Siblings([os.environ["APSI_LEDGER_DIR"]], pid=pid) for pid in (4242, 4243, 4244)]
+    try:
+        for other, held in zip(others, (600 * MiB, 10 * MiB, 610 * MiB)):
+            other.publish(group_key(m.memory()), 0, held)
+        found = memory.siblings()
+        assert sorted((s.pid, s.held_bytes) for s in found.each) == [(4242, 600 * MiB), (4243, 10 * MiB),
+                                                                      (4244, 610 * MiB)]
+        assert [s.pid for s in found.alike] == [4242, 4244]
+        assert cli.main(["siblings"]) == 0
+        shown = capsys.readouterr().out.splitlines()
+        assert "pid 4244: 610.0 MB of RAM arrays, 0 B reserved, RSS" in "\n".join(shown)
+        assert shown[-2].startswith("2 processes (pids 4242, 4244) each hold about 600.0 MB of RAM arrays")
+        assert shown[-1].startswith("3 siblings, 1.2 GB of RAM arrays, 0 B reserved; ledger ")
+        others[2].publish(group_key(m.memory()), 0, 700 * MiB)  # the control: not the same data
+        assert memory.siblings().alike == ()
+        assert cli.main(["siblings", "--json"]) == 0
+        shown_json = json.loads(capsys.readouterr().out)
+        assert shown_json["alike"] == [] and shown_json["processes"] == 3
+        assert sorted(s["held_bytes"] for s in shown_json["each"]) == [10 * MiB, 600 * MiB, 700 * MiB]
+    finally:
+        for other in others:
+            other.close()
 
 
 # -- placement with siblings ---------------------------------------------------------------------------------------

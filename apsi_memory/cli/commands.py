@@ -1,5 +1,5 @@
-"""``apsi-memory status | limits | pressure [--watch SECONDS] | dask-limit [--workers N]``, each with ``--json``;
-``spill | stores | clean`` (``leftovers``); ``--version``.
+"""``apsi-memory status | limits | pressure [--watch SECONDS] | dask-limit [--workers N] [--nthreads N]``, each
+with ``--json``; ``spill | stores | clean`` (``leftovers``); ``--version``.
 
 With ``--json``, an error is JSON on stdout too, ``{"error": message, "type": kind}`` (``leftovers.fail``; a usage
 error's kind is ``UsageError``, exit 2). Sizes in text follow ``units``: binary KB/MB/GB."""
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from .. import _version
-from ..decide import chunk_bytes, worker_memory_limit
+from ..decide import dask_settings, worker_memory_limit
 from ..errors import ApsiMemoryError
 from ..machinery.machines import cores, limits, machine, pressure
 from ..status import status
@@ -70,10 +70,12 @@ def _parser(json_errors: bool = False) -> argparse.ArgumentParser:
     watch = sub.choices["pressure"]
     watch.add_argument("--watch", type=_seconds, metavar="SECONDS", help="print a reading every SECONDS until Ctrl-C")
     watch.add_argument("--count", type=_at_least_one("readings"), metavar="N", help="with --watch: stop after N readings")
-    dask_help = "memory limit and chunk size per dask worker, for a deployment script"
+    dask_help = "memory limit, chunk size, rechunk method and p2p buffers per dask worker, for a deployment script"
     leftovers.add_json_commands(sub, (("dask-limit", dask_help),), "print one JSON object")
     sub.choices["dask-limit"].add_argument("--workers", type=_at_least_one("workers"), metavar="N",
-                                           help="workers sharing this machine (default: its cores)")
+                                           help="workers sharing this machine (default: its cores / --nthreads)")
+    sub.choices["dask-limit"].add_argument("--nthreads", type=_at_least_one("threads"), metavar="N", default=1,
+                                           help="threads per worker (default: 1); the chunk size is per thread")
     leftovers.add_commands(sub)
     for command in (parser, *sub.choices.values()):
         if isinstance(command, _Parser):
@@ -103,21 +105,30 @@ def _at_least_one(what: str) -> Callable[[str], int]:
 
 
 class DaskLimit:
-    """What ``dask-limit`` prints: ``--memory-limit`` for each ``dask worker``, and the chunk size to use."""
+    """What ``dask-limit`` prints: ``--memory-limit`` for each ``dask worker`` of ``nthreads`` threads, and what
+    ``cluster()`` would set from it (``decide.dask_settings``: chunk size, rechunk method, p2p buffers)."""
 
-    def __init__(self, workers: int | None) -> None:
-        self.workers = cores() if workers is None else workers
+    def __init__(self, workers: int | None, nthreads: int = 1) -> None:
+        self.workers = max(1, cores() // nthreads) if workers is None else workers  # as cluster() counts them
         self.usable_bytes = limits().usable_bytes
-        self.memory_limit_bytes = worker_memory_limit(self.usable_bytes, self.workers)
-        self.chunk_bytes = chunk_bytes(self.memory_limit_bytes)
+        self.memory_limit_bytes = worker_memory_limit(self.usable_bytes, self.workers, nthreads)
+        settings = dask_settings(self.memory_limit_bytes, nthreads)
+        self.chunk_bytes = int(settings["array.chunk-size"])
+        self.nthreads = nthreads
+        self.rechunk_method = str(settings["array.rechunk.method"])
+        self.p2p_comm_buffer_bytes = int(settings["distributed.p2p.comm.buffer"])
+        self.p2p_storage_buffer_bytes = int(settings["distributed.p2p.storage.buffer"])
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | str]:
         return dict(vars(self))
 
     def __str__(self) -> str:
+        threads = f"{self.nthreads} thread{'s' if self.nthreads > 1 else ''}"
         return (f"--memory-limit {self.memory_limit_bytes} per worker ({fmt_size(self.memory_limit_bytes, 2)}, "
-                f"{self.workers} workers sharing {fmt_size(self.usable_bytes)}), chunks of "
-                f"{fmt_size(self.chunk_bytes, 0)}")
+                f"{self.workers} workers of {threads} sharing {fmt_size(self.usable_bytes)}), chunks of "
+                f"{fmt_size(self.chunk_bytes, 0)}\nrechunk method {self.rechunk_method}, p2p buffers "
+                f"{fmt_size(self.p2p_comm_buffer_bytes)} (comm) and {fmt_size(self.p2p_storage_buffer_bytes)} "
+                "(storage) per worker")
 
 
 def _show(reading: object, as_json: bool) -> None:
@@ -132,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser(json_errors="--json" in argv)
     args = parser.parse_args(argv)
     if args.command == "dask-limit":
-        return _dask_limit(args.workers, args.json)
+        return _dask_limit(args.workers, args.nthreads, args.json)
     if args.command in leftovers.COMMANDS:
         return leftovers.run(args)
     read = COMMANDS[args.command]
@@ -156,9 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _dask_limit(workers: int | None, as_json: bool) -> int:
+def _dask_limit(workers: int | None, nthreads: int, as_json: bool) -> int:
     try:
-        _show(DaskLimit(workers), as_json)
+        _show(DaskLimit(workers, nthreads), as_json)
     except ApsiMemoryError as exc:  # too many workers for this memory, a kernel file that cannot be read
         return leftovers.fail("apsi-memory", exc, as_json)
     return 0

@@ -1,5 +1,5 @@
 """``apsi-memory spill | stores | clean``: the files the library keeps (see ``inventory``; the reservation ledgers'
-files: ``machinery.ledgers``), each with ``--json``."""
+files: ``machinery.ledgers``); ``siblings``: who the ledger of this memory group lists; each with ``--json``."""
 
 from __future__ import annotations
 
@@ -46,12 +46,14 @@ def fail(who: str, error: BaseException, as_json: bool) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    """Add the three commands to the main parser's subparsers."""
+    """Add the four commands to the main parser's subparsers."""
     spill = "spill files: owner pid, alive or not, size, age, total; ledger files: group, live slots, size"
     clean = "remove this user's spill files whose owner is dead and ledger files no live process holds"
+    siblings = ("this user's other processes in this memory group that use the library: pid, RAM arrays held, "
+                "reserved, RSS; those that each hold about the same (one dataset loaded once per process?)")
     add_json_commands(sub, (("spill", spill),
                             ("stores", "each store under the store folder: entries, bytes on the SSD, path"),
-                            ("clean", clean)), "print one JSON object")
+                            ("clean", clean), ("siblings", siblings)), "print one JSON object")
     cleaning = sub.choices["clean"]
     cleaning.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     cleaning.add_argument("--store", metavar="NAME", help="also remove every entry of the store NAME")
@@ -113,8 +115,25 @@ def _clean(args: argparse.Namespace) -> dict[str, Any]:
             "store": None if cleared is None else inventory.as_dict(cleared), "ledgers": [asdict(f) for f in gone]}
 
 
+def _siblings(args: argparse.Namespace) -> dict[str, Any]:
+    found = machine().join()
+    alike = found.alike
+    if not args.json:
+        for s in found.each:
+            print(f"pid {s.pid}: {fmt_size(s.held_bytes)} of RAM arrays, {fmt_size(s.reserved_bytes)} reserved, "
+                  f"RSS {fmt_size(s.rss_bytes)}")
+        if alike:
+            print(f"{len(alike)} processes (pids {', '.join(str(s.pid) for s in alike)}) each hold about "
+                  f"{fmt_size(alike[0].held_bytes)} of RAM arrays: if that is one dataset loaded once per process, "
+                  "one file that every process maps holds it once (memory.array(..., path=) or memory.keep, then "
+                  "np.load(path, mmap_mode='r') in each)")
+        print(f"{counted(found.processes, 'sibling')}, {fmt_size(found.held_bytes)} of RAM arrays, "
+              f"{fmt_size(found.reserved_bytes)} reserved; ledger {found.ledger or 'none (no safe folder)'}")
+    return {**found.to_dict(), "each": [s._asdict() for s in found.each], "alike": [s.pid for s in alike]}
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "spill": _spill, "stores": _stores, "clean": _clean}
+    "spill": _spill, "stores": _stores, "clean": _clean, "siblings": _siblings}
 
 
 def run(args: argparse.Namespace) -> int:

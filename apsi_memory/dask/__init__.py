@@ -25,7 +25,9 @@ pausing: it switches dask's own pause off on its worker and applies both rules (
 pause fraction of the limit). A pause always ends (``decide.worker_pause_step``): a worker resumes on its own need
 (its memory, and the group's free memory against its next tasks), and after ``MAX_PAUSE_S`` whatever holds it.
 
-``tasks`` holds what runs on the workers for ``map`` and ``to_dask``.
+``tasks`` holds what runs on the workers for ``map`` and ``to_dask``; ``settings`` the dask settings read here
+(``apsi-memory.max-pause``, and dask's own ``distributed.worker.memory.*``: followed where stricter, else a
+WARNING).
 
 May import: decide, system, adapters, machinery, arrays, blocks.
 """
@@ -57,7 +59,6 @@ from .. import decide
 from ..adapters.dask_workers import dask_workers_in_group, family
 from ..decide import (
     DASK_PAUSE_FRACTION,
-    MAX_PAUSE_S,
     MIN_CHUNK_BYTES,
     Level,
     PauseState,
@@ -72,6 +73,7 @@ from ..machinery.machines import machine
 from ..machinery.watcher import relieve
 from ..units import fmt_size
 from .holders import group_holders
+from .settings import max_pause_s, memory_lines
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
@@ -81,26 +83,6 @@ WORKERS_ENV = "APSI_DASK_WORKERS"  # how many workers share this machine, for da
 # Under "distributed": its logging setup (INFO, to stderr) shows these lines in worker and cluster logs; ours alone
 # would need the caller to configure logging, and the limit line never appeared.
 logger = logging.getLogger("distributed.apsi_memory")
-
-
-MAX_PAUSE_SETTING = "apsi-memory.max-pause"
-
-
-def max_pause_s(given: float | None = None) -> float:
-    """Seconds a worker stays paused at most: ``given``, else the dask setting ``apsi-memory.max-pause`` (seconds,
-    or a duration such as ``"2 minutes"``), else ``decide.MAX_PAUSE_S``; ``float("inf")``: no bound."""
-    from dask.utils import parse_timedelta
-
-    value = given if given is not None else dask.config.get(MAX_PAUSE_SETTING, default=None)
-    try:
-        seconds = MAX_PAUSE_S if value is None else float(value) if isinstance(value, (int, float)) \
-            else float(parse_timedelta(value, default="s"))
-    except (TypeError, ValueError, KeyError):
-        seconds = -1.0
-    if not seconds >= 0:  # NaN too
-        raise ArgumentError(f"max pause {value!r} ({MAX_PAUSE_SETTING}): seconds a worker may stay paused, a number "
-                            "of at least 0, a duration such as '2 minutes', or float('inf') for no bound")
-    return seconds
 
 
 def worker_memory_limit(n_workers: int, nthreads: int = 1,
@@ -113,11 +95,12 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     """A ``distributed.LocalCluster`` whose workers have the right memory limit and run ``PressurePlugin``, and whose
     dask settings follow that limit (``decide.dask_settings``: array chunk size, p2p buffers, rechunk method; set
     here and on the workers, except any the caller set to a value other than dask's default, and set back here when
-    the cluster closes). ``scale`` and ``adapt`` share the memory again between the new number of workers.
-    ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold that many.
-    Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on ``scale``, with a
-    ``BudgetWarning`` when it is more than the share; ``"auto"`` is the rule, the group's share, not dask's share of
-    the host)."""
+    the cluster closes; the chunk size sits between dask's own spill target and pause lines as the caller set
+    them, ``decide.workers.worker_lines``). ``scale`` and ``adapt`` share the memory again between the new number
+    of workers. ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold
+    that many. Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on
+    ``scale``, with a ``BudgetWarning`` when it is more than the share; ``"auto"`` is the rule, the group's share,
+    not dask's share of the host)."""
     if n_workers is None:
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
     fixed = kw.get("memory_limit")
@@ -184,7 +167,7 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
     ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
     ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
     defaults = dask.config.merge(*dask.config.defaults)
-    settings = {key: value for key, value in decide.dask_settings(limit, nthreads).items()
+    settings = {key: value for key, value in decide.dask_settings(limit, nthreads, memory_lines()).items()
                 if _ours_to_set(key, defaults)}
     dask.config.set(settings)
     _settings_made.update(settings)
@@ -384,8 +367,10 @@ def _nannies_here(nanny: Any) -> int:
 
 class PressurePlugin(WorkerPlugin):
     """Every ``every`` seconds: pause the worker when the pressure level reaches ``level`` or its RSS reaches
-    ``pause`` × its limit; at ``high`` spill half of what its ``SpillBuffer`` holds in RAM (all of it at
-    ``critical``, via the public ``evict()``); at ``critical`` also ``memory.relieve()``. A paused worker resumes
+    ``pause`` × its limit (sooner where dask's own ``distributed.worker.memory.pause`` or ``terminate`` set here is
+    stricter; a looser one, or ``pause: False``, is a WARNING saying what is done instead: ``settings``); at
+    ``high`` spill half of what its ``SpillBuffer`` holds in RAM (all of it at ``critical``, via the public
+    ``evict()``); at ``critical`` also ``memory.relieve()``. A paused worker resumes
     on its own need (``decide.worker_pause_step``): its RSS 10 points under the pause fraction, and the level under
     ``level`` again or the group's free memory enough for its next tasks (it then runs through that level); and
     after ``max_pause`` seconds paused whatever holds it (default: the dask setting ``apsi-memory.max-pause``, else
@@ -398,7 +383,8 @@ class PressurePlugin(WorkerPlugin):
 
     def __init__(self, level: Level | str = Level.HIGH, every: float = 0.5, pause: float = DASK_PAUSE_FRACTION,
                  max_pause: float | None = None):
-        self.level, self.every, self.pause = Level.parse(level), every, pause
+        self.level, self.every = Level.parse(level), every
+        self.pause = memory_lines(pause, self.level).pause  # dask's own pause or terminate, where stricter
         self.max_pause = max_pause_s(max_pause)
         self.worker: Any = None
         self.seen = Level.OK

@@ -256,3 +256,25 @@ def arrays_to_move(sizes: Sequence[tuple[_T, int]], need_bytes: int) -> list[_T]
         chosen.append(pick[0])
         need_bytes -= pick[1]
     return chosen
+
+
+# -- siblings that hold the same data -----------------------------------------------------------------------------
+
+ALIKE_MIN_BYTES = 64 << 20  # below this a copy per process costs too little to mention
+ALIKE_WITHIN = 0.05  # "about the same": the largest holds at most 5 % more than the smallest
+
+
+def alike_holders(held: Sequence[int]) -> list[int]:
+    """Indices (ascending) of the largest set of at least two processes that each hold about the same bytes of RAM
+    arrays (within ``ALIKE_WITHIN``), at least ``ALIKE_MIN_BYTES`` each: what DataLoader or Pool workers that each
+    loaded one dataset for themselves look like. Empty when there is none; of two such sets, the bigger bytes."""
+    order = sorted((b, i) for i, b in enumerate(held) if b >= ALIKE_MIN_BYTES)
+    best: list[tuple[int, int]] = []
+    start = 0
+    for end in range(len(order)):
+        while order[end][0] > order[start][0] * (1 + ALIKE_WITHIN):
+            start += 1
+        window = order[start:end + 1]
+        if len(window) >= 2 and (len(window), window[0][0]) >= (len(best), best[0][0] if best else 0):
+            best = window
+    return sorted(i for _, i in best)

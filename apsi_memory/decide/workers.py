@@ -28,6 +28,9 @@ DASK_PAUSE_FRACTION = 0.80
 # One running task holds about three chunks at once (its input, its result, one NumPy temporary).
 CHUNKS_PER_TASK = 3
 MIN_CHUNK_BYTES = 1 << 20
+# dask's own default ``array.chunk-size``, the most advised: for a 64 GiB worker the rule alone gave 4 GiB chunks,
+# which leave an array a handful of tasks to spread over the workers, each spilled or moved whole.
+MAX_CHUNK_BYTES = 128 << 20
 
 
 def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1,
@@ -47,15 +50,77 @@ def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1,
     return share
 
 
-def chunk_bytes(limit_bytes: int, nthreads: int = 1) -> int:
-    """The largest power-of-two chunk (at least 1 MiB) such that ``nthreads`` running tasks of
-    ``CHUNKS_PER_TASK`` chunks each fit between the spill target and the pause fraction of a worker limit: stored
-    results are spilled down to the target, so the tasks never push the worker past the pause fraction."""
-    room = int(limit_bytes * (DASK_PAUSE_FRACTION - DASK_SPILL_TARGET)) // (CHUNKS_PER_TASK * max(1, nthreads))
+def chunk_bytes(limit_bytes: int, nthreads: int = 1, target: float = DASK_SPILL_TARGET,
+                pause: float = DASK_PAUSE_FRACTION) -> int:
+    """The largest power-of-two chunk (at least 1 MiB, at most dask's default ``MAX_CHUNK_BYTES``) such that
+    ``nthreads`` running tasks of ``CHUNKS_PER_TASK`` chunks each fit between the spill ``target`` and the ``pause``
+    fraction of a worker limit: stored results are spilled down to the target, so the tasks never push the worker
+    past the pause fraction."""
+    room = int(limit_bytes * max(0.0, pause - target)) // (CHUNKS_PER_TASK * max(1, nthreads))
     size = MIN_CHUNK_BYTES
-    while size * 2 <= room:
+    while size * 2 <= min(room, MAX_CHUNK_BYTES):
         size *= 2
     return size
+
+
+# dask's own lines, ``distributed.worker.memory.*``, as a worker reads them: spill stored results down to ``target``
+# (or ``spill``, where ``target`` is False), pause at ``pause``, and the nanny kills at ``terminate``. Its defaults
+# keep 15 points between pause and terminate: room for the tasks running at the pause to finish.
+MEMORY_SETTINGS = ("target", "spill", "pause", "terminate")
+DASK_SPILL_FRACTION = 0.70
+DASK_TERMINATE_FRACTION = 0.95
+PAUSE_TO_TERMINATE = DASK_TERMINATE_FRACTION - DASK_PAUSE_FRACTION
+
+
+@dataclass(frozen=True)
+class WorkerLines:
+    """What ``PressurePlugin`` and the chunk rule follow of a worker's memory, as fractions of its limit: stored
+    results spilled down to ``target``, a pause at ``pause``; ``notes``: each of the user's dask settings not
+    followed, with what is done instead (a WARNING for each)."""
+
+    target: float
+    pause: float
+    notes: tuple[str, ...] = ()
+
+
+def worker_lines(user: dict[str, float | bool], pause: float = DASK_PAUSE_FRACTION,
+                 level: Level = Level.HIGH) -> WorkerLines:
+    """The lines a worker follows, given the ``distributed.worker.memory`` settings the user set (``user``: the
+    keys of ``MEMORY_SETTINGS`` set to other than dask's defaults) and the plugin's own ``pause`` and ``level``.
+
+    Stricter ones are followed: a lower ``pause``; a ``terminate`` under 15 points above the pause moves the pause
+    under it (as dask's defaults keep them, never under half of ``terminate``); the spill target (``target``, else
+    ``spill``) sets the room the chunk rule divides. dask applies ``target``, ``spill`` and ``terminate`` on the
+    worker as set. Not followed, with a note: a looser ``pause`` or ``pause: False`` (the plugin owns pausing:
+    dask's rule would un-pause what the pressure level paused), and ``target`` and ``spill`` both False (dask then
+    spills nothing by memory; the chunk rule keeps dask's 60 %). Raises ``ArgumentError`` for a value dask would
+    not take either."""
+    for key, value in user.items():
+        if key not in MEMORY_SETTINGS or not (value is False or (not isinstance(value, bool)
+                                                                 and isinstance(value, (int, float))
+                                                                 and 0 < value <= 1)):
+            raise ArgumentError(f"dask setting distributed.worker.memory.{key}={value!r}: a fraction of the "
+                                "worker's memory limit (over 0, at most 1) or False")
+    notes = []
+    given = user.get("pause")
+    if given is False or (given is not None and given > pause):
+        notes.append(f"dask setting distributed.worker.memory.pause={given!r} not followed: apsi_memory pauses "
+                     f"each worker at {pause:.0%} of its limit and at pressure {level} (its PressurePlugin owns "
+                     "pausing: dask's rule would un-pause what the pressure level paused)")
+    elif given is not None:
+        pause = float(given)
+    terminate = user.get("terminate")
+    if terminate is not None and terminate is not False:
+        pause = min(pause, max(terminate / 2, terminate - PAUSE_TO_TERMINATE))
+    target = user.get("target", DASK_SPILL_TARGET)
+    if target is False:
+        target = user.get("spill", DASK_SPILL_FRACTION)
+    if target is False:
+        notes.append("dask settings distributed.worker.memory.target and .spill are False: dask spills nothing "
+                     f"by memory; apsi_memory spills at pressure {level} only, and sizes chunks as if results were "
+                     f"spilled down to {DASK_SPILL_TARGET:.0%} of the limit")
+        target = DASK_SPILL_TARGET
+    return WorkerLines(float(target), pause, tuple(notes))
 
 
 # A worker paused for its own memory (RSS at the pause fraction of its limit) resumes once RSS is this much under
@@ -252,11 +317,12 @@ P2P_BUFFER_SHARE = 0.10
 P2P_MIN_WORKER_BYTES = 512 * (1 << 20)
 
 
-def dask_settings(limit_bytes: int, nthreads: int = 1) -> dict[str, int | str]:
-    """The ``dask.config`` values a worker limit implies: array chunk size (``chunk_bytes``), the two p2p buffers
-    and the rechunk method."""
+def dask_settings(limit_bytes: int, nthreads: int = 1, lines: WorkerLines | None = None) -> dict[str, int | str]:
+    """The ``dask.config`` values a worker limit implies: array chunk size (``chunk_bytes``, between the spill
+    target and the pause of ``lines``, dask's defaults if None), the two p2p buffers and the rechunk method."""
     buffer = max(MIN_CHUNK_BYTES, int(limit_bytes * P2P_BUFFER_SHARE))
-    return {"array.chunk-size": chunk_bytes(limit_bytes, nthreads),
+    lines = lines or WorkerLines(DASK_SPILL_TARGET, DASK_PAUSE_FRACTION)
+    return {"array.chunk-size": chunk_bytes(limit_bytes, nthreads, lines.target, lines.pause),
             "distributed.p2p.comm.buffer": buffer, "distributed.p2p.storage.buffer": buffer,
             "array.rechunk.method": "p2p" if limit_bytes >= P2P_MIN_WORKER_BYTES else "tasks"}
 

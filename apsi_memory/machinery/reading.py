@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..adapters.cgroup import CgroupMemory, Layout, read_cgroup_memory, read_layout
 from ..adapters.clock import Clock, SystemClock
@@ -22,6 +22,7 @@ from ..adapters.psi import Psi, read_psi
 from ..adapters.root import resolve
 from ..decide import (
     Level,
+    alike_holders,
     free_memory,
     high_events_rose,
     host_stalls_count,
@@ -221,6 +222,16 @@ def _cgroup_fields(cg: CgroupMemory | None) -> dict[str, Any]:
             "working_set_bytes": cg.working_set, "group_guessed": cg.guessed, "oom_group": cg.oom_group}
 
 
+class Sibling(NamedTuple):
+    """One other process in the group's ledger: its pid, the bytes of RAM arrays it holds, what it placed in RAM
+    and the kernel has not charged yet, and its anonymous RSS (now, or when it last published)."""
+
+    pid: int
+    held_bytes: int
+    reserved_bytes: int
+    rss_bytes: int
+
+
 @dataclass(frozen=True)
 class SiblingReading(Reading):
     """The other processes of this user in this memory group that use the library (``siblings()``).
@@ -228,7 +239,8 @@ class SiblingReading(Reading):
     ``processes``: live processes with a slot; ``active``: those holding RAM arrays or reservations (the budget is
     shared among them and this one); ``reserved_bytes``: what they placed in RAM and the kernel has not charged yet;
     ``held_bytes``: the RAM arrays they hold; ``ledger``: the file (None where no safe folder was found);
-    ``ignored``: records not counted, each with its reason."""
+    ``ignored``: records not counted, each with its reason; ``each``: one ``Sibling`` per process counted
+    (pid, held, reserved, RSS); ``alike``: those that hold about the same (see below)."""
 
     processes: int = 0
     active: int = 0
@@ -236,6 +248,19 @@ class SiblingReading(Reading):
     held_bytes: int = 0
     ledger: str | None = None
     ignored: tuple[str, ...] = ()
+    each: tuple[Sibling, ...] = ()
+
+    @classmethod
+    def of(cls, each: list[Sibling], ledger: str | None, ignored: list[str]) -> SiblingReading:
+        return cls(len(each), sum(bool(s.held_bytes or s.reserved_bytes) for s in each),
+                   sum(s.reserved_bytes for s in each), sum(s.held_bytes for s in each), ledger, tuple(ignored),
+                   tuple(each))
+
+    @property
+    def alike(self) -> tuple[Sibling, ...]:
+        """The siblings that each hold about the same bytes of RAM arrays, 64 MB or more (``decide.alike_holders``):
+        likely one dataset loaded once per process, which one file that every process maps would hold once."""
+        return tuple(self.each[i] for i in alike_holders([s.held_bytes for s in self.each]))
 
 
 def limits_from(reading: MemoryReading, budget: Budget, siblings: SiblingReading | None = None) -> Limits:

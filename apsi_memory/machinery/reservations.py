@@ -51,7 +51,7 @@ from collections.abc import Callable
 from ..errors import UnsafePathError
 from ..system import paths, trust
 from ..system.once import each, fork_hooks, once
-from .reading import MemoryReading, SiblingReading
+from .reading import MemoryReading, Sibling, SiblingReading
 from .slots import (
     FILE_BYTES,
     FREE,
@@ -317,7 +317,7 @@ class Siblings:
 
     def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool,
                cap: int | None) -> SiblingReading:
-        processes = active = reserved = held = 0
+        each: list[Sibling] = []
         ignored: list[str] = []
         seen = {(self._pid, self._mine.start)}
         used = _USED.search(data)
@@ -327,14 +327,12 @@ class Siblings:
             if entry is not None:
                 record, rss = entry
                 seen.add((record.pid, record.start))
-                processes += 1
-                active += bool(record.held or record.reserved)
-                held += record.held
-                reserved += self._claim(record, rss, slot, ledger, cap)
+                each.append(Sibling(record.pid, record.held, self._claim(record, rss, slot, ledger, cap),
+                                    record.rss if rss is None else rss))
             used = _USED.search(data, (slot + 1) * SLOT_BYTES)
         if exact:
             self._statm.keep_only(seen)
-        return SiblingReading(processes, active, reserved, held, ledger, tuple(ignored))
+        return SiblingReading.of(each, ledger, ignored)
 
     def _entry(self, fd: int, data: bytes, slot: int, ignored: list[str],
                exact: bool) -> tuple[Record, int | None] | None:

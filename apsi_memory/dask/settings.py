@@ -1,0 +1,58 @@
+"""The dask settings ``apsi_memory.dask`` reads: ``apsi-memory.max-pause``, and dask's own memory lines
+``distributed.worker.memory.*`` as the user set them, turned into the lines ``PressurePlugin`` and the chunk size
+follow (``decide.workers.worker_lines``); each one not followed is a WARNING, once per process."""
+
+from __future__ import annotations
+
+import logging
+
+import dask
+
+from ..decide import DASK_PAUSE_FRACTION, MAX_PAUSE_S, Level
+from ..decide.workers import MEMORY_SETTINGS, WorkerLines, worker_lines
+from ..errors import ArgumentError
+
+MAX_PAUSE_SETTING = "apsi-memory.max-pause"
+MEMORY_PREFIX = "distributed.worker.memory."
+logger = logging.getLogger("distributed.apsi_memory")  # as in __init__: dask's logging setup shows it
+_warned: set[str] = set()  # the notes this process has logged: each once, not once per worker or per scale
+
+
+def max_pause_s(given: float | None = None) -> float:
+    """Seconds a worker stays paused at most: ``given``, else the dask setting ``apsi-memory.max-pause`` (seconds,
+    or a duration such as ``"2 minutes"``), else ``decide.MAX_PAUSE_S``; ``float("inf")``: no bound."""
+    from dask.utils import parse_timedelta
+
+    value = given if given is not None else dask.config.get(MAX_PAUSE_SETTING, default=None)
+    try:
+        seconds = MAX_PAUSE_S if value is None else float(value) if isinstance(value, (int, float)) \
+            else float(parse_timedelta(value, default="s"))
+    except (TypeError, ValueError, KeyError):
+        seconds = -1.0
+    if not seconds >= 0:  # NaN too
+        raise ArgumentError(f"max pause {value!r} ({MAX_PAUSE_SETTING}): seconds a worker may stay paused, a number "
+                            "of at least 0, a duration such as '2 minutes', or float('inf') for no bound")
+    return seconds
+
+
+def user_memory_settings() -> dict[str, float | bool]:
+    """The ``distributed.worker.memory`` lines set here to other than dask's defaults (``dask.config.set``, a YAML
+    file, a ``DASK_DISTRIBUTED__WORKER__MEMORY__*`` variable), by their last word: ``{"pause": 0.7}``."""
+    defaults = dask.config.merge(*dask.config.defaults)
+    found = {}
+    for key in MEMORY_SETTINGS:
+        value = dask.config.get(MEMORY_PREFIX + key, default=None)
+        if value is not None and value != dask.config.get(MEMORY_PREFIX + key, default=None, config=defaults):
+            found[key] = value
+    return found
+
+
+def memory_lines(pause: float = DASK_PAUSE_FRACTION, level: Level = Level.HIGH) -> WorkerLines:
+    """``worker_lines`` of this process's settings, for a plugin pausing at ``pause`` and ``level``; each note
+    logged as a WARNING the first time this process meets it."""
+    lines = worker_lines(user_memory_settings(), pause, level)
+    for note in lines.notes:
+        if note not in _warned:
+            _warned.add(note)
+            logger.warning("apsi_memory: %s", note)
+    return lines
