@@ -8,13 +8,17 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import apsi_memory as memory
 from sim import tree as machines
+from sim.pressure import used_share
 from sim.tree import GiB, SimTree
+from tests.realcg import ChildGroup
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -121,3 +125,138 @@ def test_container_sizing_follows_the_cgroup_limit(tmp_path: Path) -> None:
                                  "2 workers (of 2 cores), 275,251 rows per batch; pressure ok"]
     one = json.loads(run("container_sizing.py", "--per-worker-mb", "2048", "--json", cwd=tmp_path).stdout)
     assert (one["workers"], one["usable_bytes"], one["source"]) == (1, 4 * GiB, "container (cgroup v1)")
+
+
+def test_the_shared_cache_workers_map_one_file_and_get_the_plain_checksum(tmp_path: Path) -> None:
+    """Each worker maps the one kept ``.npy``: its own RAM grows by far less than its share of the rows (the
+    ``--copy`` control, a private copy each, grows by the share)."""
+    flags = suggested("night_shared_cache.py")
+    workers, rows, columns = (int(flags[flags.index(name) + 1]) for name in ("--workers", "--rows", "--columns"))
+    share = rows // workers * columns * 4
+    for copy, low, high in ((False, 0, share / 4), (True, share * 0.9, share * 1.5)):
+        lines = run("night_shared_cache.py", *flags, *(["--copy"] if copy else []), cwd=tmp_path).stdout.splitlines()
+        assert len(lines) == 2 and lines[0].endswith("equal to the plain sum"), lines
+        grown = [memory.parse_size(size) for size in lines[1].split("grew by ")[1].split(" while")[0].split(", ")]
+        assert len(grown) == workers and all(low <= g < high for g in grown), (copy, grown, share)
+    dataset = np.load(tmp_path / "night-dataset.npy", mmap_mode="r")
+    assert dataset.shape == (rows, columns)  # the one copy, kept for the next night
+
+
+@pytest.mark.torch
+def test_the_shared_cache_reads_through_a_torch_dataloader_when_torch_is_there(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    result = run("night_shared_cache.py", *suggested("night_shared_cache.py"), "--torch", cwd=tmp_path)
+    assert re.fullmatch(r"4 DataLoader workers read [\d.]+ MB from one night-dataset\.npy: checksum [\d.]+, equal to "
+                        r"the plain sum\n", result.stdout), result.stdout
+
+def test_the_features_job_keeps_its_standardised_output_and_gram_and_they_match_numpy(tmp_path: Path) -> None:
+    flags = suggested("night_features.py")
+    rows, columns = (int(flags[flags.index(name) + 1]) for name in ("--rows", "--columns"))
+    lines = run("night_features.py", *flags, cwd=tmp_path).stdout.splitlines()
+    assert len(lines) == 2
+    assert re.match(rf"standardised {rows:,} rows x {columns} columns \(([\d.]+) MB through a ([\d.]+) MB budget\)",
+                    lines[0])
+    size, budget, written = (float(n) for n in re.findall(r"([\d.]+) MB", lines[0])[:3])
+    assert size > budget  # the job is larger than its budget, by default
+    assert "written for it" in lines[0] and size <= written < size * 1.2  # the output's bytes written once, not spilled then saved
+    sample, gram, diagonal = (float(n) for n in re.findall(r"(\d\.\d+e[-+]\d+)", lines[1]))
+    assert sample < 1e-5 and gram < 1e-9 and diagonal < 1e-5, lines[1]
+    out = np.load(tmp_path / "night-standardized.npy", mmap_mode="r")  # both stay after the job
+    assert out.shape == (rows, columns) and np.abs(out.mean(axis=0, dtype=np.float64)).max() < 1e-4
+    assert np.load(tmp_path / "night-gram.npy").shape == (columns, columns)
+    assert not (tmp_path / ".apsi" / "spill").exists() or list((tmp_path / ".apsi" / "spill").iterdir()) == []
+
+
+def test_the_embeddings_job_killed_half_way_computes_only_the_missing_ones_on_the_rerun(tmp_path: Path) -> None:
+    flags = suggested("night_embeddings.py")
+    count, stop = (int(flags[flags.index(name) + 1]) for name in ("--count", "--stop-after"))
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("APSI_HOME", None)
+    killed = subprocess.run([sys.executable, str(EXAMPLES / "night_embeddings.py"), *flags], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert killed.returncode == 1 and f"computed {stop:,} of the {count:,} missing, then stopped" in killed.stdout
+    rerun = run("night_embeddings.py", "--count", str(count), cwd=tmp_path).stdout
+    assert f"computed {count - stop:,}, read back {count:,} of {count:,} ({stop:,} were in the store already); " \
+           "100 of 100 sampled match a recomputation" in rerun
+    again = run("night_embeddings.py", "--count", str(count), cwd=tmp_path).stdout
+    assert f"computed 0, read back {count:,} of {count:,}" in again
+    fresh = run("night_embeddings.py", "--count", str(count), "--fresh", cwd=tmp_path).stdout
+    assert f"computed {count:,}, read back {count:,} of {count:,} (0 were" in fresh
+
+
+def test_the_batch_search_halves_until_the_mlp_step_fits_and_the_loss_falls(tmp_path: Path) -> None:
+    """The room ``--memory-mb`` gives holds half the first batch's activations: one halving, then it fits."""
+    flags = suggested("night_batch_search.py")
+    first = int(flags[flags.index("--batch") + 1])
+    result = run("night_batch_search.py", *flags, cwd=tmp_path)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"batch {first // 2:,} fitted (first tried {first:,};"), lines
+    assert f"out of memory at batch {first} (MemoryError" in result.stderr and f"trying {first // 2}" in result.stderr
+    before, after = (float(n) for n in re.findall(r"loss ([\d.]+) after the first step, ([\d.]+)", lines[1])[0])
+    assert after < before
+    roomy = run("night_batch_search.py", *flags[:flags.index("--memory-mb")], "--steps", "2", cwd=tmp_path)
+    assert roomy.stdout.startswith(f"batch {first:,} fitted") and "out of memory" not in roomy.stderr
+
+
+def test_the_neighbour_job_says_nothing_moved_on_a_calm_machine(tmp_path: Path) -> None:
+    lines = run("night_neighbour.py", *suggested("night_neighbour.py"), cwd=tmp_path).stdout.splitlines()
+    assert lines[0] == "table 64.0 MB in RAM; a neighbour grows to 256.0 MB beside it"
+    assert lines[1].startswith("no move: the watcher never read high; pressure ok now, 3.0 GB free, the neighbour grew")
+    assert lines[1].endswith("; 0 of 8,388,608 values differ") and " RAM — fits the budget" in lines[2]
+
+
+def test_the_neighbour_job_s_table_moves_to_the_ssd_when_the_container_gets_tight(tmp_path: Path,
+                                                                                 calm_container: SimTree) -> None:
+    """The container's usage rises to ``high`` once the neighbour starts (the sim tree plays the kernel, which
+    would charge the neighbour's pages to the group): the watcher's reading moves the table, whose every value
+    stays right while the job writes to it."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("APSI_HOME", None)
+    job = subprocess.Popen([sys.executable, str(EXAMPLES / "night_neighbour.py"), *suggested("night_neighbour.py"),
+                            "--hold", "60"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    assert job.stdout is not None
+    assert job.stdout.readline() == "table 64.0 MB in RAM; a neighbour grows to 256.0 MB beside it\n"
+    calm_container.v1_group("/sys/fs/cgroup/memory", 4 * GiB, int(4 * GiB * used_share(memory.Level.HIGH)), 0)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err
+    lines = out.splitlines()
+    assert re.fullmatch(r"1 move: the table went to the SSD [\d.]+ s after pressure reached high, while the job "
+                        r"wrote to it; 0 of 8,388,608 values differ", lines[0]), lines
+    assert re.fullmatch(r"memory.report\(\): \[8388608\] int64 64\.000 MB SSD \S+\.npy — moved at pressure high",
+                        lines[1]), lines
+
+
+def in_group(group: ChildGroup, name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """An example run inside a real memory cgroup, reading the real kernel (not the calm sim container)."""
+    env = {**os.environ, "HOME": str(cwd)}
+    for name_ in ("APSI_HOME", "APSI_FS_ROOT"):
+        env.pop(name_, None)
+    return group.run([sys.executable, str(EXAMPLES / name), *args], cwd=cwd, env=env, timeout=240)
+
+
+@pytest.mark.real
+def test_in_a_real_1_gib_group_the_table_moves_and_the_job_lives_where_numpy_zeros_is_killed(
+        tmp_path: Path, memcg: Callable[[int], ContextManager[ChildGroup]]) -> None:
+    """Issue 28's fifth job at a third of its size: a 600 MB table and a neighbour growing to 500 MB in 1 GiB."""
+    flags = ("--table-mb", "600", "--neighbour-mb", "500")
+    with memcg(1 << 30) as group:
+        kept = in_group(group, "night_neighbour.py", *flags, cwd=tmp_path)
+        plain = in_group(group, "night_neighbour.py", *flags, "--plain", cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    assert re.search(r"^1 move: .* 0 of 78,643,200 values differ$", kept.stdout, re.MULTILINE), kept.stdout
+    assert plain.returncode == -9, (plain.returncode, plain.stdout)  # the kernel's OOM kill: the control
+
+
+@pytest.mark.real
+def test_in_a_real_768_mib_group_fit_batch_halves_where_the_plain_step_is_killed(
+        tmp_path: Path, memcg: Callable[[int], ContextManager[ChildGroup]]) -> None:
+    """No ``--memory-mb``: the room is the group's, which ``fit_batch``'s own address-space cap enforces."""
+    flags = ("--batch", "65536", "--steps", "3")
+    with memcg(768 << 20) as group:
+        fitted = in_group(group, "night_batch_search.py", *flags, cwd=tmp_path)
+        plain = in_group(group, "night_batch_search.py", *flags, "--plain", cwd=tmp_path)
+    assert fitted.returncode == 0, fitted.stderr
+    batch = int(re.findall(r"^batch ([\d,]+) fitted", fitted.stdout)[0].replace(",", ""))
+    assert batch < 65536 and "out of memory at batch 65536" in fitted.stderr
+    assert plain.returncode == -9, (plain.returncode, plain.stdout)
