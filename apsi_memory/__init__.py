@@ -82,7 +82,7 @@ if typing.TYPE_CHECKING:  # the names as type checkers see them; at run time ``_
     from .store import CacheStats, Store, allow_write
     from .store import store  # the function, as a call of the module does
     from .store.cached import cached
-    from .units import parse_size
+    from .units import fmt_size, parse_size
 
 # Where each public name lives. Importing them all costs ~45 ms after NumPy (psutil, hashlib, logging, ~60 modules
 # of ours); a CLI call or a script that needs three of them should not pay for the rest.
@@ -110,7 +110,7 @@ _HOME: dict[str, str] = {name: module for module, names in (
     ("status", "Status"),
     ("store", "CacheStats Store allow_write"),
     ("store.cached", "cached"),
-    ("units", "parse_size"),
+    ("units", "fmt_size parse_size"),
 ) for name in names.split()}
 
 # Modules that are their namesake function too: ``memory.store`` is the module ``apsi_memory.store``, and calling it
@@ -279,6 +279,7 @@ __all__ = [
     "allow_write",
     "store",
     "parse_size",
+    "fmt_size",
     # devices and fit_batch
     "Cpu",
     "Devices",

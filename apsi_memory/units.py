@@ -117,10 +117,26 @@ def _unit(n_bytes: float, digits: int) -> tuple[int, str]:
     return 1, "B"
 
 
+MAX_DIGITS = 6
+
+
 def fmt_size(n_bytes: float, digits: int = 1) -> str:
     """``n_bytes`` in the largest unit it reaches, with ``digits`` decimals (bytes have none): ``512 B``,
-    ``1.5 KB``, ``5.8 GB``; ``fmt_size(6.4e9, 3)`` is the SPEC's ``5.960 GB``."""
-    return " ".join(in_one_unit(n_bytes, digits=digits))
+    ``1.5 KB``, ``5.8 GB``; ``fmt_size(6.4e9, 3)`` is the SPEC's ``5.960 GB``; a negative size (a change) keeps its
+    sign. The units are ``parse_size``'s, so what it shows reads back as about the same bytes.
+
+    ``ArgumentTypeError`` for a size that is not a real number (a string, a bool) or ``digits`` that are not a whole
+    number, ``ArgumentError`` for NaN or infinity or ``digits`` outside 0-6."""
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, numbers.Real):
+        raise ArgumentTypeError(f"fmt_size: the size must be a number of bytes, not {type(n_bytes).__name__} "
+                                f"({n_bytes!r})")
+    if not math.isfinite(n_bytes):
+        raise ArgumentError(f"fmt_size: the size must be a finite number of bytes, not {n_bytes!r}")
+    if isinstance(digits, bool) or not isinstance(digits, numbers.Integral):
+        raise ArgumentTypeError(f"fmt_size: digits must be a whole number, not {type(digits).__name__} ({digits!r})")
+    if not 0 <= digits <= MAX_DIGITS:
+        raise ArgumentError(f"fmt_size: digits must be 0 to {MAX_DIGITS}, not {digits}")
+    return " ".join(in_one_unit(n_bytes, digits=int(digits)))
 
 
 def in_one_unit(*sizes: float, digits: int = 1) -> tuple[str, ...]:

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 import numpy as np
 
 import apsi_memory as memory
-from apsi_memory.units import fmt_size
 
 MiB = 1 << 20
 
@@ -91,7 +90,7 @@ def main() -> None:
         first, batch = (step(args.batch), args.batch) if args.plain else memory.fit_batch(step, args.batch)
         losses = [first] + [step(batch) for _ in range(args.steps - 1)]
     peak = 4 * batch * args.hidden * 4
-    print(f"batch {batch:,} fitted (first tried {args.batch:,}; about {fmt_size(peak)} of activations a step), "
+    print(f"batch {batch:,} fitted (first tried {args.batch:,}; about {memory.fmt_size(peak)} of activations a step), "
           f"{args.steps} steps in {time.perf_counter() - started:.1f} s")
     print(f"loss {losses[0]:.4f} after the first step, {losses[-1]:.4f} after the last")
 

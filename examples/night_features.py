@@ -21,7 +21,6 @@ import time
 import numpy as np
 
 import apsi_memory as memory
-from apsi_memory.units import fmt_size
 
 RAW, OUT, GRAM = "night-raw.npy", "night-standardized.npy", "night-gram.npy"
 
@@ -71,8 +70,8 @@ def main() -> None:
     out_written = written() - before
     gram = memory.reduce(lambda block: block.T.astype(np.float64) @ block.astype(np.float64), OUT)
     np.save(GRAM, gram)
-    print(f"standardised {n:,} rows x {columns} columns ({fmt_size(out.nbytes)} through a "
-          f"{fmt_size(memory.budget().bytes)} budget) into {OUT} ({fmt_size(out_written)} written for it), Gram "
+    print(f"standardised {n:,} rows x {columns} columns ({memory.fmt_size(out.nbytes)} through a "
+          f"{memory.fmt_size(memory.budget().bytes)} budget) into {OUT} ({memory.fmt_size(out_written)} written for it), Gram "
           f"matrix {columns} x {columns} into {GRAM}, in {time.perf_counter() - started:.1f} s")
 
     rows = np.sort(np.random.default_rng(1).choice(n, size=min(args.sample, n), replace=False))

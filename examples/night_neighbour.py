@@ -22,7 +22,6 @@ from multiprocessing.synchronize import Event
 import numpy as np
 
 import apsi_memory as memory
-from apsi_memory.units import fmt_size
 
 MiB = 1 << 20
 WINDOW = 1 << 18  # values the job rewrites at a time
@@ -66,7 +65,7 @@ def main() -> None:
     other = multiprocessing.get_context("spawn").Process(
         target=neighbour, args=(args.neighbour_mb, args.step_mb, args.pause, args.hold, grown))
     other.start()
-    print(f"table {fmt_size(table.nbytes)} in {placed}; a neighbour grows to {fmt_size(args.neighbour_mb * MiB)} "
+    print(f"table {memory.fmt_size(table.nbytes)} in {placed}; a neighbour grows to {memory.fmt_size(args.neighbour_mb * MiB)} "
           "beside it", flush=True)
     moved_at = None
     window = 0
@@ -91,7 +90,7 @@ def main() -> None:
     else:
         now = memory.pressure()
         seen = "the watcher read high, the table stayed (see below)" if tight else "the watcher never read high"
-        print(f"no move: {seen}; pressure {now.level} now, {fmt_size(now.free_bytes)} free, the neighbour "
+        print(f"no move: {seen}; pressure {now.level} now, {memory.fmt_size(now.free_bytes)} free, the neighbour "
               f"{'grew to its size' if grown.is_set() else 'did not finish growing'}; {wrong:,} of {len(table):,} "
               "values differ")
     print(f"memory.report(): {record}")

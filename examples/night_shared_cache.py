@@ -21,7 +21,6 @@ from collections.abc import Iterator
 import numpy as np
 
 import apsi_memory as memory
-from apsi_memory.units import fmt_size
 
 DATASET = "night-dataset.npy"
 
@@ -101,7 +100,7 @@ def main() -> None:
     path = os.path.abspath(DATASET)
     if args.torch:
         total = with_torch(path, args.workers)
-        print(f"{args.workers} DataLoader workers read {fmt_size(data.nbytes)} from one {DATASET}: checksum "
+        print(f"{args.workers} DataLoader workers read {memory.fmt_size(data.nbytes)} from one {DATASET}: checksum "
               f"{total:.6f}, {'equal to' if np.isclose(total, expected, rtol=1e-9) else 'NOT'} the plain sum")
         return
     share = -(-args.rows // args.workers)
@@ -110,11 +109,11 @@ def main() -> None:
         results = pool.map(worker, tasks)
     total = sum(result[0] for result in results)
     equal = "equal to" if np.isclose(total, expected, rtol=1e-9) else "NOT equal to"
-    print(f"{args.workers} workers read {fmt_size(data.nbytes)} from one {DATASET}: checksum {total:.6f}, "
+    print(f"{args.workers} workers read {memory.fmt_size(data.nbytes)} from one {DATASET}: checksum {total:.6f}, "
           f"{equal} the plain sum")
-    grown = ", ".join(fmt_size(result[1]) for result in results)
+    grown = ", ".join(memory.fmt_size(result[1]) for result in results)
     kind = "a private copy each" if args.copy else "the file's pages are page cache they share"
-    print(f"each worker's own RAM grew by {grown} while it read its {fmt_size(data.nbytes / args.workers)} ({kind})")
+    print(f"each worker's own RAM grew by {grown} while it read its {memory.fmt_size(data.nbytes / args.workers)} ({kind})")
 
 
 if __name__ == "__main__":

@@ -273,6 +273,13 @@ def _cached(**options: Any) -> Callable[[Path], object]:
 SWEEP = [
     *_cases("budget", lambda w: lambda tmp: memory.budget(w), memory.SizeError, SIZES),
     *_cases("parse_size", lambda w: lambda tmp: memory.parse_size(w), memory.SizeError, SIZES),
+    *_cases("fmt_size", lambda w: lambda tmp: memory.fmt_size(w), memory.ApsiMemoryError,
+            [("string", "1GB", "the size must be a number of bytes, not str"), ("bool", True, "not bool"),
+             ("None", None, "not NoneType"), ("nan", math.nan, "must be a finite number of bytes, not nan"),
+             ("inf", math.inf, "not inf")]),
+    *_cases("fmt_size", lambda w: lambda tmp: memory.fmt_size(1024, w), memory.ApsiMemoryError,
+            [("negative digits", -1, "digits must be 0 to 6, not -1"), ("many digits", 40, "not 40"),
+             ("float digits", 1.5, "digits must be a whole number, not float"), ("bool digits", True, "not bool")]),
     *_cases("pool", lambda w: lambda tmp: memory.pool(w), memory.SizeError, SIZES),
     *_cases("best_device", lambda w: lambda tmp: memory.best_device(w), memory.SizeError, SIZES),
     *_cases("cores", lambda w: lambda tmp: memory.cores(w), memory.ApsiMemoryError, ROOTS),
