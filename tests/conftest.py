@@ -6,6 +6,7 @@
 * ``home``: the test's ``~/.apsi`` (``home / "home"``) and store folder (``home / "stores"``).
 * ``spill_dir``, ``on_ssd``: a spill folder under the test's tmp; ``on_ssd`` also sets the budget to 0.
 * ``memcg``: a real v1 child memory cgroup.
+* ``ctrl_c_raises``: Python's own SIGINT handler for the test, for tests of what Ctrl-C does.
 * ``calm_host``: a calm sim container (``docker run -m 4g``, 3 of 4 GiB free, no stalls, so a ledger too) unless
   the test asks for ``pressure_machine``: for modules whose arrays must stay in RAM whatever the real host's
   pressure.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -114,6 +116,15 @@ def pressure_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     pm = PressureMachine(tmp_path / "root", limit=256 * MiB)
     with pm.machine.use():
         yield pm
+
+
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """A job a shell without job control starts in the background (``tox &`` in a script) inherits SIGINT ignored,
+    and Python then installs no handler: a Ctrl-C test there saw nothing happen (both runs of a CI pair failed)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

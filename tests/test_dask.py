@@ -609,6 +609,7 @@ def slow_twice(block: np.ndarray) -> np.ndarray:
     return block * 2
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_cancels_the_blocks_and_leaves_the_workers_alive_and_no_file(client: Any,
                                                                        private_apsi_home: Path) -> None:
     """Ctrl-C truncated the output while tasks wrote to it: every worker died of SIGBUS. Now the blocks not started
@@ -631,6 +632,7 @@ def test_ctrl_c_cancels_the_blocks_and_leaves_the_workers_alive_and_no_file(clie
     assert not spill_dir.exists() or not list(spill_dir.iterdir())
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed KeyboardInterrupt
 def test_ctrl_c_during_a_finalizer_still_stops_map(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two CI runs at load 11-14 lost the Ctrl-C above: map drops each finished block's future on the main thread,

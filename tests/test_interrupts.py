@@ -12,7 +12,8 @@ import pytest
 
 from apsi_memory.system.interrupts import interrupts_kept
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+              pytest.mark.usefixtures("ctrl_c_raises")]
 
 
 class _Held:

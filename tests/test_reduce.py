@@ -209,6 +209,7 @@ def test_an_array_freed_while_it_runs_raises(pressure_machine: object, workers: 
         memory.reduce(fn, x, rows=50_000, workers=workers)
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_stops_the_run() -> None:
     calls: list[int] = []
 
