@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from apsi_memory.adapters.psi import SYSTEM_PSI, open_trigger
+from tests.load import stretched
 from tests.realcg import ChildGroup, child_group
 
 pytestmark = [pytest.mark.real, pytest.mark.faults]
@@ -47,7 +48,9 @@ def _job_in_ram(kind: str, tmp_path: Path) -> Iterator[tuple[ChildGroup, subproc
     """A 2 GiB group running the job, its array filled in RAM. An array put on the SSD at once (nothing to move) is
     a failure: in an empty 2 GiB group the level is ``ok`` (host stalls count only while the host is short)."""
     with child_group(2048 * MiB, prefix=f"apsi-move-{os.getpid()}") as group:
-        job = _start(group, tmp_path / "spill", "job", kind, "15", MOVE_AT)
+        # The neighbour grows within the job's 15 s on an idle machine; under load both slow down alike (at load 14
+        # on 2 cores the neighbour was still growing when a 15-s job ended, and the control lived)
+        job = _start(group, tmp_path / "spill", "job", kind, f"{stretched(15):.0f}", MOVE_AT)
         assert job.stdout is not None
         ready = job.stdout.readline().split()
         if ready[-1:] != ["RAM"]:
@@ -65,7 +68,7 @@ def _job_in_ram(kind: str, tmp_path: Path) -> Iterator[tuple[ChildGroup, subproc
 
 
 def _figures(name: str, group: ChildGroup, job: subprocess.Popen[str], extra: str = "") -> dict[str, Any]:
-    out, err = job.communicate(90)
+    out, err = job.communicate(stretched(90))
     figures = json.loads(out.strip().splitlines()[-1]) if job.returncode == 0 else {}
     print(f"\n{name}: exit {job.returncode}, {group.oom_kills()} kills, {figures.get('moves', 0)} moves, "
           f"{figures.get('bytes_moved', 0) / MiB:.0f} MiB moved in {figures.get('seconds_moving', 0)} s, windows "
@@ -104,7 +107,7 @@ def test_a_neighbour_growing_to_1_2_gib_kills_numpy_but_the_array_moves(kind: st
         neighbour = _start(group, tmp_path / "spill", "neighbour", str(1228 * MiB), str(64 * MiB), f"{pause:.3f}", "6")
         figures = _figures(f"neighbour grows 64 MiB per {pause:.3f} s, job with {kind} (moves at {MOVE_AT})", group,
                            job)
-        neighbour.communicate(60)
+        neighbour.communicate(stretched(60))
         if kind == "numpy":
             assert job.returncode == -9 and group.oom_kills() >= 1, "the control was not killed: no pressure?"
         else:
@@ -131,7 +134,7 @@ def _lower(group: ChildGroup, job: subprocess.Popen[str], to: int, seconds: floa
 @pytest.mark.parametrize("kind", ["memory.array", "numpy"])
 def test_a_limit_lowered_from_2_to_1_gib_under_the_job(kind: str, tmp_path: Path) -> None:
     with _job_in_ram(kind, tmp_path) as (group, job):
-        limit, refused = _lower(group, job, 1024 * MiB, 12)
+        limit, refused = _lower(group, job, 1024 * MiB, stretched(12))
         figures = _figures(f"limit lowered 2 -> 1 GiB, job with {kind}", group, job,
                            f", limit reached {limit // MiB} MiB ({refused} refusals)")
         assert (job.returncode, group.oom_kills()) == (0, 0)
