@@ -235,28 +235,32 @@ def in_group(group: ChildGroup, name: str, *args: str, cwd: Path) -> subprocess.
     return group.run([sys.executable, str(EXAMPLES / name), *args], cwd=cwd, env=env, timeout=240)
 
 
+def job_and_control(memcg: Callable[[int], ContextManager[ChildGroup]], limit: int, name: str, flags: tuple[str, ...],
+                    cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The example run in a real group of ``limit`` bytes, then its ``--plain`` control in the same group, which
+    the kernel must OOM-kill (-9): the job's run, for its own checks."""
+    with memcg(limit) as group:
+        job = in_group(group, name, *flags, cwd=cwd)
+        plain = in_group(group, name, *flags, "--plain", cwd=cwd)
+    assert job.returncode == 0, job.stderr
+    assert plain.returncode == -9, (plain.returncode, plain.stdout)  # the kernel's OOM kill: the control
+    return job
+
+
 @pytest.mark.real
 def test_in_a_real_1_gib_group_the_table_moves_and_the_job_lives_where_numpy_zeros_is_killed(
         tmp_path: Path, memcg: Callable[[int], ContextManager[ChildGroup]]) -> None:
     """Issue 28's fifth job at a third of its size: a 600 MB table and a neighbour growing to 500 MB in 1 GiB."""
-    flags = ("--table-mb", "600", "--neighbour-mb", "500")
-    with memcg(1 << 30) as group:
-        kept = in_group(group, "night_neighbour.py", *flags, cwd=tmp_path)
-        plain = in_group(group, "night_neighbour.py", *flags, "--plain", cwd=tmp_path)
-    assert kept.returncode == 0, kept.stderr
+    kept = job_and_control(memcg, 1 << 30, "night_neighbour.py", ("--table-mb", "600", "--neighbour-mb", "500"),
+                           tmp_path)
     assert re.search(r"^1 move: .* 0 of 78,643,200 values differ$", kept.stdout, re.MULTILINE), kept.stdout
-    assert plain.returncode == -9, (plain.returncode, plain.stdout)  # the kernel's OOM kill: the control
 
 
 @pytest.mark.real
 def test_in_a_real_768_mib_group_fit_batch_halves_where_the_plain_step_is_killed(
         tmp_path: Path, memcg: Callable[[int], ContextManager[ChildGroup]]) -> None:
     """No ``--memory-mb``: the room is the group's, which ``fit_batch``'s own address-space cap enforces."""
-    flags = ("--batch", "65536", "--steps", "3")
-    with memcg(768 << 20) as group:
-        fitted = in_group(group, "night_batch_search.py", *flags, cwd=tmp_path)
-        plain = in_group(group, "night_batch_search.py", *flags, "--plain", cwd=tmp_path)
-    assert fitted.returncode == 0, fitted.stderr
+    fitted = job_and_control(memcg, 768 << 20, "night_batch_search.py", ("--batch", "65536", "--steps", "3"),
+                             tmp_path)
     batch = int(re.findall(r"^batch ([\d,]+) fitted", fitted.stdout)[0].replace(",", ""))
     assert batch < 65536 and "out of memory at batch 65536" in fitted.stderr
-    assert plain.returncode == -9, (plain.returncode, plain.stdout)

@@ -80,41 +80,35 @@ def test_blocks_run_on_the_threads_at_the_same_time() -> None:
     assert threading.get_ident() not in seen and len(seen) == 2
 
 
-def test_a_thread_whose_block_finished_first_goes_on_to_the_next_block() -> None:
-    """A thread that waited for the blocks before its own to be combined held short blocks (11 ms of column sums)
-    to 1.41-1.63x the one-thread loop on 2 cores. Block 0 here returns only once block 2 has started, which only
-    the thread that finished block 1 can start; the result is still that of adding the blocks in row order."""
-    third_started = threading.Event()
+def _block_0_waits_for(first_row: int, seconds: float) -> bool:
+    """Whether the block starting at ``first_row`` started while block 0 (of six blocks of 10 rows, 2 workers)
+    waited up to ``seconds`` for it; the result must still be that of adding the blocks in row order."""
+    started = threading.Event()
     waited: list[bool] = []
 
     def fn(b: np.ndarray) -> np.ndarray:
-        if b[0, 0] == 20:
-            third_started.set()
+        if b[0, 0] == first_row:
+            started.set()
         if b[0, 0] == 0:
-            waited.append(third_started.wait(stretched(10)))
+            waited.append(started.wait(seconds))
         return b.sum(axis=0)
 
     x = np.arange(60, dtype=np.float64).reshape(-1, 1)
     assert memory.reduce(fn, x, rows=10, workers=2).tolist() == [x.sum()]
-    assert waited == [True]  # the old rule: False after 10 s, the other thread waiting for block 0
+    return waited == [True]
+
+
+def test_a_thread_whose_block_finished_first_goes_on_to_the_next_block() -> None:
+    """A thread that waited for the blocks before its own to be combined held short blocks (11 ms of column sums)
+    to 1.41-1.63x the one-thread loop on 2 cores. Block 0 here returns only once block 2 has started, which only
+    the thread that finished block 1 can start."""
+    assert _block_0_waits_for(20, stretched(10))  # the old rule: False after 10 s, the other thread waiting
 
 
 def test_a_thread_workers_blocks_ahead_of_the_total_waits_with_its_result() -> None:
     """The memory bound of going on: while block 0 runs, the other thread finishes blocks 1 and 2 and keeps the
     result of 2 (two blocks ahead, with 2 workers) instead of starting a fourth block."""
-    fourth_started = threading.Event()
-    waited: list[bool] = []
-
-    def fn(b: np.ndarray) -> np.ndarray:
-        if b[0, 0] == 30:
-            fourth_started.set()
-        if b[0, 0] == 0:
-            waited.append(fourth_started.wait(2))
-        return b.sum(axis=0)
-
-    x = np.arange(60, dtype=np.float64).reshape(-1, 1)
-    assert memory.reduce(fn, x, rows=10, workers=2).tolist() == [x.sum()]
-    assert waited == [False]  # without the bound every finished result would wait here, however many
+    assert not _block_0_waits_for(30, 2)  # without the bound every finished result would wait here, however many
 
 
 def test_no_more_than_two_block_results_per_worker_wait_beside_the_total() -> None:

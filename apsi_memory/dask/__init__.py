@@ -73,7 +73,7 @@ from ..machinery.machines import machine
 from ..machinery.watcher import relieve
 from ..units import fmt_size
 from .holders import group_holders
-from .settings import max_pause_s, memory_lines
+from .settings import dask_defaults, max_pause_s, memory_lines, set_by_user
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
@@ -166,7 +166,7 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
     """Set (in this process's ``dask.config``, which nannies hand to the workers they start) and return
     ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
     ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
-    defaults = dask.config.merge(*dask.config.defaults)
+    defaults = dask_defaults()
     settings = {key: value for key, value in decide.dask_settings(limit, nthreads, memory_lines()).items()
                 if _ours_to_set(key, defaults)}
     dask.config.set(settings)
@@ -176,9 +176,7 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
 
 
 def _ours_to_set(key: str, defaults: dict[str, Any]) -> bool:
-    current = dask.config.get(key, default=None)
-    return current is None or current == dask.config.get(key, default=None, config=defaults) \
-        or current == _settings_made.get(key)
+    return not set_by_user(key, defaults) or dask.config.get(key, default=None) == _settings_made.get(key)
 
 
 _settings_made: dict[str, Any] = {}  # what follow_limit set last: a later cluster or scale may change it again

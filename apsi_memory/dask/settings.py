@@ -5,6 +5,7 @@ follow (``decide.workers.worker_lines``); each one not followed is a WARNING, on
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import dask
 
@@ -35,16 +36,24 @@ def max_pause_s(given: float | None = None) -> float:
     return seconds
 
 
+def dask_defaults() -> dict[str, Any]:
+    """dask's own defaults, as its packages ship them: what ``set_by_user`` compares against."""
+    merged: dict[str, Any] = dask.config.merge(*dask.config.defaults)
+    return merged
+
+
+def set_by_user(key: str, defaults: dict[str, Any]) -> bool:
+    """``key`` is set here to other than dask's default (``dask.config.set``, a YAML file, a ``DASK_*`` variable)."""
+    current = dask.config.get(key, default=None)
+    return current is not None and current != dask.config.get(key, default=None, config=defaults)
+
+
 def user_memory_settings() -> dict[str, float | bool]:
-    """The ``distributed.worker.memory`` lines set here to other than dask's defaults (``dask.config.set``, a YAML
-    file, a ``DASK_DISTRIBUTED__WORKER__MEMORY__*`` variable), by their last word: ``{"pause": 0.7}``."""
-    defaults = dask.config.merge(*dask.config.defaults)
-    found = {}
-    for key in MEMORY_SETTINGS:
-        value = dask.config.get(MEMORY_PREFIX + key, default=None)
-        if value is not None and value != dask.config.get(MEMORY_PREFIX + key, default=None, config=defaults):
-            found[key] = value
-    return found
+    """The ``distributed.worker.memory`` lines set by the user (``set_by_user``), by their last word:
+    ``{"pause": 0.7}``."""
+    defaults = dask_defaults()
+    return {key: dask.config.get(MEMORY_PREFIX + key) for key in MEMORY_SETTINGS
+            if set_by_user(MEMORY_PREFIX + key, defaults)}
 
 
 def memory_lines(pause: float = DASK_PAUSE_FRACTION, level: Level = Level.HIGH) -> WorkerLines:
