@@ -58,15 +58,19 @@ def suggested(name: str) -> list[str]:
     return line[2:]
 
 
-def test_the_readme_runs_each_example_with_the_venv_s_python_and_the_flags_its_docstring_suggests() -> None:
-    """The README activates the venv (so ``python`` is the one the library was installed into) before it shows
-    the examples; each command it shows is the example's own suggestion, which the tests here run."""
-    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
-    shown = [line.split("#")[0].split() for line in readme.splitlines() if line.strip().startswith("python examples/")]
-    assert sorted(words[1] for words in shown) == sorted(f"examples/{p.name}" for p in EXAMPLES.glob("*.py"))
+@pytest.mark.parametrize("page", ["docs/guides/examples.md", "README.md"])
+def test_the_docs_run_each_example_with_the_venv_s_python_and_the_flags_its_docstring_suggests(page: str) -> None:
+    """The examples page activates the venv (so ``python`` is the one the library was installed into) before it
+    shows every example; each command it or the README shows is the example's own suggestion, which the tests here
+    run."""
+    text = (EXAMPLES.parent / page).read_text(encoding="utf-8")
+    shown = [line.split("#")[0].split() for line in text.splitlines() if line.strip().startswith("python examples/")]
+    assert shown, page
+    if page != "README.md":  # the README shows one and links the page
+        assert sorted(words[1] for words in shown) == sorted(f"examples/{p.name}" for p in EXAMPLES.glob("*.py"))
     for words in shown:
         assert words[2:] == suggested(words[1].removeprefix("examples/")), words
-    assert readme.index("source .venv/bin/activate") < readme.index("python examples/")
+    assert text.index("source .venv/bin/activate") < text.index("python examples/")
 
 
 def test_container_sizing_runs_with_the_flags_its_docstring_suggests(tmp_path: Path) -> None:
