@@ -579,6 +579,67 @@ def test_a_1000_block_map_sends_and_keeps_a_bounded_amount_per_block(client: Any
     assert counting.most_futures <= 2 * decide.CLUSTER_MAX_IN_FLIGHT
 
 
+def _tasks_run(client: Any, run: Callable[[], np.ndarray]) -> tuple[np.ndarray, int]:
+    """``run()``'s result and how many tasks the cluster ran for it (its task stream)."""
+    from distributed import get_task_stream
+
+    with get_task_stream(client) as stream:
+        out = run()
+    return out, len(stream.data)
+
+
+def test_a_1000_block_map_runs_several_blocks_a_task_with_the_same_bytes(
+        client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: one task a block cost a scheduler round trip each, 2.1x dask's own graph over 1,000 blocks. A task
+    now runs its blocks for ~100 ms (block 0 is timed): microsecond blocks go 250 a task, two tasks a thread. The
+    progress bar still counts the rows of every block."""
+    x = np.arange(4000.0).reshape(1000, 4)
+    remote, tasks = _tasks_run(client, lambda: memory.map(twice_plus_one, x, rows=1, engine=client, progress=True))
+    same(memory.map(twice_plus_one, x, rows=1), remote)
+    assert tasks <= 100, f"{tasks} tasks for 1,000 blocks"  # one a block before: 1,000
+    err = capsys.readouterr().err
+    assert "1.00k/1.00k" in err and "rows" in err
+
+
+def test_blocks_slower_than_a_task_go_one_a_task(client: Any) -> None:
+    """A block longer than a task's ~100 ms is a task of its own, so the threads share the work block by block."""
+    out, tasks = _tasks_run(client, lambda: memory.map(slow_twice, np.ones((6, 2)), rows=1, engine=client))
+    assert tasks == 6 and np.array_equal(out, np.full((6, 2), 2.0))
+
+
+def fails_on_rows_3500_and_9000(block: np.ndarray) -> np.ndarray:
+    if block[0] <= 3500 < block[0] + len(block) or block[0] <= 9000 < block[0] + len(block):
+        raise ValueError(f"row {3500 if block[0] < 5000 else 9000} is bad")
+    return block + 1
+
+
+def test_a_failing_block_inside_a_batch_is_named_as_locally(client: Any, private_apsi_home: Path) -> None:
+    """A batch of blocks fails with its first failing block's own rows, not the batch's; and a later batch failing
+    too (maybe first) does not change which block is named: the first failing one in row order."""
+    x = np.arange(10_000.0)
+    with pytest.raises(BlockError) as local:
+        memory.map(fails_on_rows_3500_and_9000, x, rows=10)
+    with pytest.raises(BlockError) as remote:
+        _tasks_run(client, lambda: memory.map(fails_on_rows_3500_and_9000, x, rows=10, engine=client))
+    assert str(remote.value) == str(local.value) == ("fn failed on rows 3500:3510 (block 351 of 1000): ValueError: "
+                                                     "row 3500 is bad")
+    assert isinstance(remote.value.__cause__, ValueError)
+    spill_dir = private_apsi_home / "spill"
+    assert not spill_dir.exists() or not list(spill_dir.iterdir())
+
+
+@pytest.mark.parametrize(("blocks", "threads", "block_s", "block_bytes", "share", "per_task"), [
+    (999, 2, 1e-5, 32, 0, 250),          # tiny blocks: two tasks a thread
+    (999, 2, 0.004, 32, 0, 25),          # 4 ms blocks: 100 ms a task
+    (999, 2, 0.5, 32, 0, 1),             # slower than a task: one a task
+    (999, 2, 1e-5, 1 << 20, 8 << 20, 8),  # 1 MiB blocks, 8 MiB a thread
+    (1, 4, 0.0, 32, 0, 1),
+])
+def test_blocks_per_task_take_100_ms_within_the_threads_share(blocks: int, threads: int, block_s: float,
+                                                             block_bytes: int, share: int, per_task: int) -> None:
+    assert decide.cluster_blocks_per_task(blocks, threads, block_s, block_bytes, share) == per_task
+
+
 @given(st.integers(0, 5000), st.integers(1, 700))
 def test_even_spans_are_the_local_maps_blocks(n_rows: int, rows: int) -> None:
     spans = EvenSpans(n_rows, rows)
