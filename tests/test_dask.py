@@ -29,7 +29,8 @@ from apsi_memory import dask as amd
 from apsi_memory.adapters.dask_workers import dask_workers_in_group
 from apsi_memory.blocks.rules import block_spans
 from apsi_memory.cli import commands as cli
-from apsi_memory.dask.tasks import NO_WORKER_SETTING, NO_WORKER_TIMEOUT_S, EvenSpans, FileRows, rows_in_file
+from apsi_memory.dask.tasks import EvenSpans, FileRows, first_block, rows_in_file
+from apsi_memory.dask.waits import NO_WORKER_SETTING, NO_WORKER_TIMEOUT_S
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
 from apsi_memory.decide.workers import MAX_PAUSE_S
 from apsi_memory.units import fmt_size
@@ -626,6 +627,35 @@ def test_a_failing_block_inside_a_batch_is_named_as_locally(client: Any, private
     assert isinstance(remote.value.__cause__, ValueError)
     spill_dir = private_apsi_home / "spill"
     assert not spill_dir.exists() or not list(spill_dir.iterdir())
+
+
+def spins_for_50_ms_of_cpu(block: np.ndarray) -> np.ndarray:
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:
+        pass
+    return block
+
+
+def test_block_0_is_timed_less_its_waits_for_a_cpu(tmp_path: Path) -> None:
+    """Block 0's time sizes the batches. Sharing one CPU with a busy process, its 50 ms of work took twice that or
+    more of wall time; counted whole, that would halve the batches (at load 12, cut them to a block or two)."""
+    np.save(tmp_path / "x.npy", np.zeros((10, 2)))
+    rows = rows_in_file(str(tmp_path / "x.npy"))
+    assert rows is not None
+    kept = os.sched_getaffinity(0)
+    cpu = min(kept)
+    rival = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        time.sleep(0.2)  # the rival is spinning
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        began = time.perf_counter()
+        _, seconds = first_block(spins_for_50_ms_of_cpu, rows, EvenSpans(10, 10))
+        wall = time.perf_counter() - began
+    finally:
+        os.sched_setaffinity(0, kept)
+        rival.kill()
+        rival.wait()
+    assert 0.045 < seconds < 0.75 * wall, (seconds, wall)
 
 
 @pytest.mark.parametrize(("blocks", "threads", "block_s", "block_bytes", "share", "per_task"), [

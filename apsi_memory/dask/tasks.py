@@ -12,11 +12,13 @@ same ``result_of``/``check_like``, with the same errors. What differs is how dat
   output is a ``memory.array`` spill file (RAM when there is one block only), which each later task maps for its
   own rows and writes, flushes and releases (``pages.BlockPages``). ``da.store`` into an ``open_memmap``
   target would pickle the target too: under a process cluster the writes went to copies and the file stayed wrong.
+* Tasks: block 0, timed, sizes the batches of the blocks after it (``decide.cluster_blocks_per_task``: ~100 ms a
+  task); a task runs its batch's blocks one after another, each checked on its own, so errors name the block.
 
 A cluster without a worker fails instead of waiting forever: ``map`` waits at most the dask setting
-``apsi-memory.no-worker-timeout`` (``NO_WORKER_TIMEOUT_S`` by default) for one to appear, at the start and whenever
-it waits for blocks, then raises ``BlockError``. A ``memory.array`` input freed (``memory.free``) before the call or
-while blocks run raises ``ChunkError``, as locally.
+``apsi-memory.no-worker-timeout`` (``waits.NO_WORKER_TIMEOUT_S`` by default) for one to appear, at the start and
+whenever it waits for blocks, then raises ``BlockError``. A ``memory.array`` input freed (``memory.free``) before
+the call or while blocks run raises ``ChunkError``, as locally.
 
 Workers must see the caller's files (one machine, or a shared filesystem). Otherwise use ``to_dask(x, rows,
 client=client)``: the blocks are read here and scattered one at a time; write results with ``to_zarr``.
@@ -49,15 +51,11 @@ from ..blocks.runner import (
 )
 from ..blocks.sources import freed_source, resolve_source
 from ..decide import cluster_blocks_in_flight, cluster_blocks_per_task
-from ..errors import ArgumentError, BlockError, ChunkError
+from ..errors import BlockError, ChunkError
+from .waits import Workers
 
 Fn = Callable[[np.ndarray], np.ndarray]
 
-# How long map waits for a worker when the cluster has none (lost them, or never had any), unless the dask
-# setting says otherwise; and how often a wait for blocks looks whether the cluster still has one.
-NO_WORKER_TIMEOUT_S = 30.0
-NO_WORKER_SETTING = "apsi-memory.no-worker-timeout"
-WORKER_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -247,7 +245,7 @@ def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, 
     source = resolve_source(x)
     if source.given is not None and placement.is_freed(source.given):
         raise freed_source("before map was called")
-    cluster = _Workers(client)
+    cluster = Workers(client)
     cluster.ready("before map started")
     threads = workers if workers is not None else sum(client.nthreads().values())
     block_rows = rows_per_block(source.row_bytes(), rows, max(1, threads) * BLOCKS_PER_WORKER)
@@ -262,64 +260,13 @@ def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, 
             spill.delete(inputs.path)
 
 
-class _Workers:
-    """The cluster's workers, looked at while ``map`` waits: none for ``timeout`` seconds is an error, not a hang
-    (tasks wait in the scheduler for a worker that never comes)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client, self.timeout = client, no_worker_timeout()
-
-    def ready(self, when: str) -> None:
-        """At least one worker now, or within ``timeout`` seconds; else ``BlockError``."""
-        from distributed import TimeoutError as DaskTimeoutError
-
-        if self.client.nthreads():
-            return
-        try:
-            self.client.wait_for_workers(1, timeout=self.timeout)
-        except (TimeoutError, DaskTimeoutError) as exc:
-            raise BlockError(f"map(engine=client): no dask worker for {self.timeout:g} s {when}: the cluster has "
-                             "lost its workers (or never had any); start or scale up workers, or wait longer with "
-                             f"the dask setting {NO_WORKER_SETTING}") from exc
-
-    def wait(self, futures: list[Any], when: str, waiting: str) -> None:
-        """Until ``futures`` are done (``when``: as ``distributed.wait``), looking every ``WORKER_CHECK_S`` seconds
-        whether a worker is left to run them."""
-        from distributed import TimeoutError as DaskTimeoutError
-        from distributed import wait
-
-        while True:
-            try:
-                wait(futures, timeout=WORKER_CHECK_S, return_when=when)
-                return
-            except (TimeoutError, DaskTimeoutError):
-                self.ready(f"while {waiting} waited")
-
-
-def no_worker_timeout() -> float:
-    """Seconds ``map`` waits for a worker: the dask setting ``apsi-memory.no-worker-timeout`` (a number of
-    seconds or a duration such as ``"2 minutes"``), else ``NO_WORKER_TIMEOUT_S``."""
-    import dask
-    from dask.utils import parse_timedelta
-
-    value = dask.config.get(NO_WORKER_SETTING, default=None)
-    try:
-        seconds = NO_WORKER_TIMEOUT_S if value is None else float(parse_timedelta(value, default="s"))
-    except (TypeError, ValueError, KeyError):
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise ArgumentError(f"dask setting {NO_WORKER_SETTING}={value!r}: seconds to wait for a worker, a number "
-                            "of at least 0 or a duration such as '2 minutes'")
-    return seconds
-
-
 def _alive(given: np.ndarray | None) -> None:
     """A ``memory.array`` input freed while map ran: blocks read after it read zeros."""
     if given is not None and placement.is_freed(given):
         raise freed_source("while map ran")
 
 
-def _run(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans, threads: int, progress: bool,
+def _run(cluster: Workers, fn: Fn, inputs: FileRows, spans: Spans, threads: int, progress: bool,
          given: np.ndarray | None, pending: npyfiles.Pending | None) -> np.ndarray:
     first, block_s = _first(cluster, fn, inputs, spans)
     _alive(given)
@@ -380,7 +327,7 @@ def _thread_share(client: Any) -> int:
     return min((share for share in shares if share > 0), default=0)
 
 
-def _run_batches(cluster: _Workers, fn: Fn, inputs: FileRows, target: FileRows, batches: _Batches, threads: int,
+def _run_batches(cluster: Workers, fn: Fn, inputs: FileRows, target: FileRows, batches: _Batches, threads: int,
                  live: dict[int, Any], done_rows: Callable[[int], None]) -> None:
     """The batches, in row order, through ``run_in_order``: ``live`` holds the futures not finished (for
     ``_abandon``), ``done_rows`` is told the rows of each batch as it finishes."""
@@ -446,7 +393,7 @@ def _abandon(client: Any, futures: Iterable[Any], out: np.ndarray) -> None:
     placement.free(out)
 
 
-def _first(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans) -> tuple[np.ndarray, float]:
+def _first(cluster: Workers, fn: Fn, inputs: FileRows, spans: Spans) -> tuple[np.ndarray, float]:
     """Block 0's result and its seconds (``first_block``)."""
     future = cluster.client.submit(first_block, fn, inputs, spans, pure=False)
     try:
