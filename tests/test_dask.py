@@ -621,7 +621,7 @@ def test_a_failing_block_inside_a_batch_is_named_as_locally(client: Any, private
     with pytest.raises(BlockError) as local:
         memory.map(fails_on_rows_3500_and_9000, x, rows=10)
     with pytest.raises(BlockError) as remote:
-        _tasks_run(client, lambda: memory.map(fails_on_rows_3500_and_9000, x, rows=10, engine=client))
+        memory.map(fails_on_rows_3500_and_9000, x, rows=10, engine=client)
     assert str(remote.value) == str(local.value) == ("fn failed on rows 3500:3510 (block 351 of 1000): ValueError: "
                                                      "row 3500 is bad")
     assert isinstance(remote.value.__cause__, ValueError)
