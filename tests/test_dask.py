@@ -29,7 +29,8 @@ from apsi_memory import dask as amd
 from apsi_memory.adapters.dask_workers import dask_workers_in_group
 from apsi_memory.blocks.rules import block_spans
 from apsi_memory.cli import commands as cli
-from apsi_memory.dask.tasks import NO_WORKER_SETTING, NO_WORKER_TIMEOUT_S, EvenSpans, FileRows, rows_in_file
+from apsi_memory.dask.tasks import EvenSpans, FileRows, first_block, rows_in_file
+from apsi_memory.dask.waits import NO_WORKER_SETTING, NO_WORKER_TIMEOUT_S
 from apsi_memory.decide import DASK_OUTSIDE_WORKERS_BYTES, Level
 from apsi_memory.decide.workers import MAX_PAUSE_S
 from apsi_memory.units import fmt_size
@@ -577,6 +578,96 @@ def test_a_1000_block_map_sends_and_keeps_a_bounded_amount_per_block(client: Any
     assert counting.most_bytes < 1024
     # those in flight, and those just finished until the next wait: never the 999 of a run that keeps them all
     assert counting.most_futures <= 2 * decide.CLUSTER_MAX_IN_FLIGHT
+
+
+def _tasks_run(client: Any, run: Callable[[], np.ndarray]) -> tuple[np.ndarray, int]:
+    """``run()``'s result and how many tasks the cluster ran for it (its task stream)."""
+    from distributed import get_task_stream
+
+    with get_task_stream(client) as stream:
+        out = run()
+    return out, len(stream.data)
+
+
+def test_a_1000_block_map_runs_several_blocks_a_task_with_the_same_bytes(
+        client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: one task a block cost a scheduler round trip each, 2.1x dask's own graph over 1,000 blocks. A task
+    now runs its blocks for ~100 ms (block 0 is timed): microsecond blocks go 250 a task, two tasks a thread. The
+    progress bar still counts the rows of every block."""
+    x = np.arange(4000.0).reshape(1000, 4)
+    remote, tasks = _tasks_run(client, lambda: memory.map(twice_plus_one, x, rows=1, engine=client, progress=True))
+    same(memory.map(twice_plus_one, x, rows=1), remote)
+    assert tasks <= 100, f"{tasks} tasks for 1,000 blocks"  # one a block before: 1,000
+    err = capsys.readouterr().err
+    assert "1.00k/1.00k" in err and "rows" in err
+
+
+def test_blocks_slower_than_a_task_go_one_a_task(client: Any) -> None:
+    """A block longer than a task's ~100 ms is a task of its own, so the threads share the work block by block."""
+    out, tasks = _tasks_run(client, lambda: memory.map(slow_twice, np.ones((6, 2)), rows=1, engine=client))
+    assert tasks == 6 and np.array_equal(out, np.full((6, 2), 2.0))
+
+
+def fails_on_rows_3500_and_9000(block: np.ndarray) -> np.ndarray:
+    if block[0] <= 3500 < block[0] + len(block) or block[0] <= 9000 < block[0] + len(block):
+        raise ValueError(f"row {3500 if block[0] < 5000 else 9000} is bad")
+    return block + 1
+
+
+def test_a_failing_block_inside_a_batch_is_named_as_locally(client: Any, private_apsi_home: Path) -> None:
+    """A batch of blocks fails with its first failing block's own rows, not the batch's; and a later batch failing
+    too (maybe first) does not change which block is named: the first failing one in row order."""
+    x = np.arange(10_000.0)
+    with pytest.raises(BlockError) as local:
+        memory.map(fails_on_rows_3500_and_9000, x, rows=10)
+    with pytest.raises(BlockError) as remote:
+        memory.map(fails_on_rows_3500_and_9000, x, rows=10, engine=client)
+    assert str(remote.value) == str(local.value) == ("fn failed on rows 3500:3510 (block 351 of 1000): ValueError: "
+                                                     "row 3500 is bad")
+    assert isinstance(remote.value.__cause__, ValueError)
+    spill_dir = private_apsi_home / "spill"
+    assert not spill_dir.exists() or not list(spill_dir.iterdir())
+
+
+def spins_for_50_ms_of_cpu(block: np.ndarray) -> np.ndarray:
+    end = time.thread_time() + 0.05
+    while time.thread_time() < end:
+        pass
+    return block
+
+
+def test_block_0_is_timed_less_its_waits_for_a_cpu(tmp_path: Path) -> None:
+    """Block 0's time sizes the batches. Sharing one CPU with a busy process, its 50 ms of work took twice that or
+    more of wall time; counted whole, that would halve the batches (at load 12, cut them to a block or two)."""
+    np.save(tmp_path / "x.npy", np.zeros((10, 2)))
+    rows = rows_in_file(str(tmp_path / "x.npy"))
+    assert rows is not None
+    kept = os.sched_getaffinity(0)
+    cpu = min(kept)
+    rival = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        time.sleep(0.2)  # the rival is spinning
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        began = time.perf_counter()
+        _, seconds = first_block(spins_for_50_ms_of_cpu, rows, EvenSpans(10, 10))
+        wall = time.perf_counter() - began
+    finally:
+        os.sched_setaffinity(0, kept)
+        rival.kill()
+        rival.wait()
+    assert 0.045 < seconds < 0.75 * wall, (seconds, wall)
+
+
+@pytest.mark.parametrize(("blocks", "threads", "block_s", "block_bytes", "share", "per_task"), [
+    (999, 2, 1e-5, 32, 0, 250),          # tiny blocks: two tasks a thread
+    (999, 2, 0.004, 32, 0, 25),          # 4 ms blocks: 100 ms a task
+    (999, 2, 0.5, 32, 0, 1),             # slower than a task: one a task
+    (999, 2, 1e-5, 1 << 20, 8 << 20, 8),  # 1 MiB blocks, 8 MiB a thread
+    (1, 4, 0.0, 32, 0, 1),
+])
+def test_blocks_per_task_take_100_ms_within_the_threads_share(blocks: int, threads: int, block_s: float,
+                                                             block_bytes: int, share: int, per_task: int) -> None:
+    assert decide.cluster_blocks_per_task(blocks, threads, block_s, block_bytes, share) == per_task
 
 
 @given(st.integers(0, 5000), st.integers(1, 700))

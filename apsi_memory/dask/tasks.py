@@ -12,11 +12,13 @@ same ``result_of``/``check_like``, with the same errors. What differs is how dat
   output is a ``memory.array`` spill file (RAM when there is one block only), which each later task maps for its
   own rows and writes, flushes and releases (``pages.BlockPages``). ``da.store`` into an ``open_memmap``
   target would pickle the target too: under a process cluster the writes went to copies and the file stayed wrong.
+* Tasks: block 0, timed, sizes the batches of the blocks after it (``decide.cluster_blocks_per_task``: ~100 ms a
+  task); a task runs its batch's blocks one after another, each checked on its own, so errors name the block.
 
 A cluster without a worker fails instead of waiting forever: ``map`` waits at most the dask setting
-``apsi-memory.no-worker-timeout`` (``NO_WORKER_TIMEOUT_S`` by default) for one to appear, at the start and whenever
-it waits for blocks, then raises ``BlockError``. A ``memory.array`` input freed (``memory.free``) before the call or
-while blocks run raises ``ChunkError``, as locally.
+``apsi-memory.no-worker-timeout`` (``waits.NO_WORKER_TIMEOUT_S`` by default) for one to appear, at the start and
+whenever it waits for blocks, then raises ``BlockError``. A ``memory.array`` input freed (``memory.free``) before
+the call or while blocks run raises ``ChunkError``, as locally.
 
 Workers must see the caller's files (one machine, or a shared filesystem). Otherwise use ``to_dask(x, rows,
 client=client)``: the blocks are read here and scattered one at a time; write results with ``to_zarr``.
@@ -25,6 +27,7 @@ client=client)``: the blocks are read here and scattered one at a time; write re
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ALL_COMPLETED
 from dataclasses import dataclass
@@ -47,16 +50,12 @@ from ..blocks.runner import (
     run_in_order,
 )
 from ..blocks.sources import freed_source, resolve_source
-from ..decide import cluster_blocks_in_flight
-from ..errors import ArgumentError, BlockError, ChunkError
+from ..decide import cluster_blocks_in_flight, cluster_blocks_per_task
+from ..errors import BlockError, ChunkError
+from .waits import Workers
 
 Fn = Callable[[np.ndarray], np.ndarray]
 
-# How long map waits for a worker when the cluster has none (lost them, or never had any), unless the dask
-# setting says otherwise; and how often a wait for blocks looks whether the cluster still has one.
-NO_WORKER_TIMEOUT_S = 30.0
-NO_WORKER_SETTING = "apsi-memory.no-worker-timeout"
-WORKER_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -141,26 +140,43 @@ class EvenSpans(Sequence[tuple[int, int]]):
 
 # -- on the workers ------------------------------------------------------------------------------------------------
 
-def first_block(fn: Fn, rows: FileRows, spans: Spans) -> np.ndarray:
-    """Block 0's result, sent back to fix the output's row shape and dtype."""
-    return np.asarray(_compute(fn, rows, spans, 0))
+def first_block(fn: Fn, rows: FileRows, spans: Spans) -> tuple[np.ndarray, float]:
+    """Block 0's result, sent back to fix the output's row shape and dtype, and the seconds it took, which size
+    the batches of the blocks after it: its wall time less the time this thread waited for a CPU, so that a busy
+    machine does not cut the batches to one block, while a ``fn`` that sleeps or reads still counts its waits."""
+    began, waited = time.perf_counter(), _waited_for_cpu()
+    result = np.asarray(_compute(fn, rows, spans, 0))
+    return result, max(0.0, time.perf_counter() - began - (_waited_for_cpu() - waited))
 
 
-def write_block(fn: Fn, rows: FileRows, out: FileRows, spans: Spans, index: int) -> int:
-    start, stop = spans[index]
-    target = out.open(start, stop, mode="r+")
-    pages = _pages(target)
+def _waited_for_cpu() -> float:
+    """Seconds this thread has waited for a CPU (``/proc/thread-self/schedstat``); 0 where the kernel hides it."""
     try:
-        pages.note(stop - start)
-        result = _compute(fn, rows, spans, index)
-        check_like(result, target, spans, index)
-        target[:] = result
+        with open("/proc/thread-self/schedstat") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def write_blocks(fn: Fn, rows: FileRows, out: FileRows, spans: Spans, first: int, stop: int) -> None:
+    """Blocks ``first..stop-1`` into their rows of ``out``, one after another, each checked as it is written (the
+    first failing one raises, naming its own rows), then flushed together: one task, one scheduler round trip and
+    one flush (7 ms each on this machine's disk, more than a small block's work) for the whole batch."""
+    begin = spans[first][0]
+    target = out.open(begin, spans[stop - 1][1], mode="r+")
+    own = [(start - begin, stop - begin) for start, stop in spans[first:stop]]  # the blocks' rows in target
+    pages = _pages(target, own)
+    try:
+        for number, (start, end) in enumerate(own):
+            pages.note(end)
+            result = _compute(fn, rows, spans, first + number)
+            check_like(result, target, spans, first + number)
+            target[start:end] = result
+            pages.finished(number)
         if isinstance(target, np.memmap):
             target.flush()  # on the disk before the caller reads it, whatever the filesystem
-        pages.finished(0)
     finally:
         pages.close()
-    return index
 
 
 def _compute(fn: Fn, rows: FileRows, spans: Spans, index: int) -> np.ndarray:
@@ -172,7 +188,7 @@ def _compute(fn: Fn, rows: FileRows, spans: Spans, index: int) -> np.ndarray:
     except FileNotFoundError:
         raise ChunkError(f"map's input file {rows.path} is gone: the array was freed (memory.free) while map ran, "
                          "or its file deleted") from None
-    pages = _pages(array[start:stop])
+    pages = _pages(array[start:stop], [(0, stop - start)])
     # An F-ordered input was copied C-ordered; fn gets its block F-ordered again, as the local map passes it, so
     # that reductions add in the same order and the bytes are the same.
     layout: Fn = (lambda block: fn(np.asfortranarray(block))) if rows.fortran else fn
@@ -206,8 +222,8 @@ class _NoPages:
         pass
 
 
-def _pages(block: np.ndarray) -> BlockPages | _NoPages:
-    return BlockPages(block, [(0, len(block))]) if block.nbytes >= PAGED_BLOCK_BYTES else _NoPages()
+def _pages(rows: np.ndarray, spans: Spans) -> BlockPages | _NoPages:
+    return BlockPages(rows, spans) if rows.nbytes >= PAGED_BLOCK_BYTES else _NoPages()
 
 
 def restore_cause(exc: BaseException) -> None:
@@ -222,13 +238,14 @@ def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, 
                    workers: int | None = None, *, progress: bool = False,
                    out: npyfiles.Pending | None = None) -> np.ndarray:
     """``memory.map(fn, x, rows, workers, engine=client, out=path)``: see the module docstring. ``workers``
-    (default: the cluster's threads) sets the default ``rows`` as locally, and how many blocks are in flight: two
+    (default: the cluster's threads) sets the default ``rows`` as locally, how many blocks a task runs
+    (``decide.cluster_blocks_per_task``: at least two tasks a thread) and how many tasks are in flight: two
     each, more while they hold under 32 MiB of input together (``decide.cluster_blocks_in_flight``). ``out``: the
     file ``map(out=)`` checked, which the workers fill under its temporary name."""
     source = resolve_source(x)
     if source.given is not None and placement.is_freed(source.given):
         raise freed_source("before map was called")
-    cluster = _Workers(client)
+    cluster = Workers(client)
     cluster.ready("before map started")
     threads = workers if workers is not None else sum(client.nthreads().values())
     block_rows = rows_per_block(source.row_bytes(), rows, max(1, threads) * BLOCKS_PER_WORKER)
@@ -236,63 +253,11 @@ def map_on_cluster(client: Any, fn: Fn, x: str | os.PathLike[str] | np.ndarray, 
     spans = EvenSpans(len(array), block_rows)
     found = rows_in_file(x) if len(array) else FileRows("", 0, array.dtype, array.shape)
     inputs = found if found is not None else _spill_copy(array, spans)
-    in_flight = cluster_blocks_in_flight(threads, block_rows * source.row_bytes(), DEFAULT_BLOCK_BYTES)
     try:
-        return _run(cluster, fn, inputs, spans, in_flight, progress, source.given, out)
+        return _run(cluster, fn, inputs, spans, max(1, threads), progress, source.given, out)
     finally:
         if found is None:
             spill.delete(inputs.path)
-
-
-class _Workers:
-    """The cluster's workers, looked at while ``map`` waits: none for ``timeout`` seconds is an error, not a hang
-    (tasks wait in the scheduler for a worker that never comes)."""
-
-    def __init__(self, client: Any) -> None:
-        self.client, self.timeout = client, no_worker_timeout()
-
-    def ready(self, when: str) -> None:
-        """At least one worker now, or within ``timeout`` seconds; else ``BlockError``."""
-        from distributed import TimeoutError as DaskTimeoutError
-
-        if self.client.nthreads():
-            return
-        try:
-            self.client.wait_for_workers(1, timeout=self.timeout)
-        except (TimeoutError, DaskTimeoutError) as exc:
-            raise BlockError(f"map(engine=client): no dask worker for {self.timeout:g} s {when}: the cluster has "
-                             "lost its workers (or never had any); start or scale up workers, or wait longer with "
-                             f"the dask setting {NO_WORKER_SETTING}") from exc
-
-    def wait(self, futures: list[Any], when: str, waiting: str) -> None:
-        """Until ``futures`` are done (``when``: as ``distributed.wait``), looking every ``WORKER_CHECK_S`` seconds
-        whether a worker is left to run them."""
-        from distributed import TimeoutError as DaskTimeoutError
-        from distributed import wait
-
-        while True:
-            try:
-                wait(futures, timeout=WORKER_CHECK_S, return_when=when)
-                return
-            except (TimeoutError, DaskTimeoutError):
-                self.ready(f"while {waiting} waited")
-
-
-def no_worker_timeout() -> float:
-    """Seconds ``map`` waits for a worker: the dask setting ``apsi-memory.no-worker-timeout`` (a number of
-    seconds or a duration such as ``"2 minutes"``), else ``NO_WORKER_TIMEOUT_S``."""
-    import dask
-    from dask.utils import parse_timedelta
-
-    value = dask.config.get(NO_WORKER_SETTING, default=None)
-    try:
-        seconds = NO_WORKER_TIMEOUT_S if value is None else float(parse_timedelta(value, default="s"))
-    except (TypeError, ValueError, KeyError):
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise ArgumentError(f"dask setting {NO_WORKER_SETTING}={value!r}: seconds to wait for a worker, a number "
-                            "of at least 0 or a duration such as '2 minutes'")
-    return seconds
 
 
 def _alive(given: np.ndarray | None) -> None:
@@ -301,49 +266,92 @@ def _alive(given: np.ndarray | None) -> None:
         raise freed_source("while map ran")
 
 
-def _run(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans, in_flight: int, progress: bool,
+def _run(cluster: Workers, fn: Fn, inputs: FileRows, spans: Spans, threads: int, progress: bool,
          given: np.ndarray | None, pending: npyfiles.Pending | None) -> np.ndarray:
-    client = cluster.client
-    first = _first(cluster, fn, inputs, spans)
+    first, block_s = _first(cluster, fn, inputs, spans)
     _alive(given)
     check_storable(first, spans)
     shape = (inputs.shape[0], *first.shape[1:])
     out = _output(pending, shape, first.dtype, len(spans))
     bar = progress_bar(progress, inputs.shape[0], "map")
-    live: dict[int, Any] = {}  # the blocks handed out and not finished: only these futures are kept
+    live: dict[int, Any] = {}  # the batches handed out and not finished: only these futures are kept
     try:
         out[:spans[0][1]] = first
         bar.update(spans[0][1])
         if len(spans) > 1:
             target = FileRows(str(out.filename), out.offset, out.dtype, out.shape)  # type: ignore[attr-defined]
+            batches = _Batches(cluster.client, spans, threads, block_s, inputs.row_bytes + target.row_bytes)
 
-            def submit(index: int) -> _Block:
-                live[index] = client.submit(write_block, fn, inputs, target, spans, index, pure=False)
-                return _Block(live[index], index)
+            def done_rows(rows: int) -> None:
+                _alive(given)  # this batch may have read the input after it was freed
+                bar.update(rows)
 
-            def wait_for(blocks: set[_Block], when: str) -> tuple[set[_Block], set[_Block]]:
-                if not blocks:  # every block already done: run_in_order still waits on what it has left
-                    return set(), set()
-                first = min(block.index for block in blocks)
-                cluster.wait([block.future for block in blocks], when, f"rows {rows_label(spans, first)}")
-                finished = {block for block in blocks if block.future.done()}
-                return finished, blocks - finished
-
-            def done(index: int) -> None:
-                del live[index]
-                _alive(given)  # this block may have read the input after it was freed
-                bar.update(spans[index][1] - spans[index][0])
-
-            run_in_order(len(spans), in_flight, submit, wait_for, done, Stop(len(spans)), lambda: None, start=1)
+            _run_batches(cluster, fn, inputs, target, batches, threads, live, done_rows)
         if pending is not None:
             placement.publish(pending, out)
     except BaseException as exc:
-        _abandon(client, live.values(), out)
+        _abandon(cluster.client, live.values(), out)
         restore_cause(exc)
         raise
     finally:
         bar.close()
     return out
+
+
+class _Batches:
+    """Blocks 1.. (block 0 ran alone, and timed) in batches of ``decide.cluster_blocks_per_task`` blocks, one task
+    each, its blocks held to the least memory a worker's thread has (``_thread_share``)."""
+
+    def __init__(self, client: Any, spans: Spans, threads: int, block_s: float, row_bytes: int) -> None:
+        self.spans, self.block_bytes = spans, (spans[0][1] - spans[0][0]) * row_bytes
+        self.size = cluster_blocks_per_task(len(spans) - 1, threads, block_s, self.block_bytes, _thread_share(client))
+        self.groups = EvenSpans(len(spans) - 1, self.size)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def blocks(self, batch: int) -> tuple[int, int]:
+        """Batch ``batch``'s first block and the block after its last."""
+        first, stop = self.groups[batch]
+        return first + 1, stop + 1
+
+    def rows(self, batch: int) -> int:
+        first, stop = self.blocks(batch)
+        return self.spans[stop - 1][1] - self.spans[first][0]
+
+
+def _thread_share(client: Any) -> int:
+    """The least memory a worker's thread has (its worker's limit over its threads); 0 when none has a limit."""
+    workers = client.scheduler_info()["workers"].values()
+    shares = [int(w.get("memory_limit") or 0) // max(1, int(w.get("nthreads") or 1)) for w in workers]
+    return min((share for share in shares if share > 0), default=0)
+
+
+def _run_batches(cluster: Workers, fn: Fn, inputs: FileRows, target: FileRows, batches: _Batches, threads: int,
+                 live: dict[int, Any], done_rows: Callable[[int], None]) -> None:
+    """The batches, in row order, through ``run_in_order``: ``live`` holds the futures not finished (for
+    ``_abandon``), ``done_rows`` is told the rows of each batch as it finishes."""
+    spans = batches.spans
+    in_flight = cluster_blocks_in_flight(threads, batches.size * batches.block_bytes, DEFAULT_BLOCK_BYTES)
+
+    def submit(batch: int) -> _Block:
+        live[batch] = cluster.client.submit(write_blocks, fn, inputs, target, spans, *batches.blocks(batch),
+                                            pure=False)
+        return _Block(live[batch], batch)
+
+    def wait_for(running: set[_Block], when: str) -> tuple[set[_Block], set[_Block]]:
+        if not running:  # every batch already done: run_in_order still waits on what it has left
+            return set(), set()
+        first = batches.blocks(min(block.index for block in running))[0]
+        cluster.wait([block.future for block in running], when, f"rows {rows_label(spans, first)}")
+        finished = {block for block in running if block.future.done()}
+        return finished, running - finished
+
+    def done(batch: int) -> None:
+        del live[batch]
+        done_rows(batches.rows(batch))
+
+    run_in_order(len(batches), in_flight, submit, wait_for, done, Stop(len(batches)), lambda: None)
 
 
 def _output(pending: npyfiles.Pending | None, shape: tuple[int, ...], dtype: np.dtype[Any],
@@ -357,7 +365,7 @@ def _output(pending: npyfiles.Pending | None, shape: tuple[int, ...], dtype: np.
 
 
 class _Block:
-    """A block's future for ``run_in_order``, answering from what this process already knows once it is done:
+    """A batch's future for ``run_in_order`` (``index``: the batch), answering from what this process knows once done:
     ``exception()`` and ``result()`` of a ``distributed.Future`` each ask the event loop, two more round trips per
     block that tripled the time of a map of small blocks."""
 
@@ -368,7 +376,9 @@ class _Block:
         return None if self.future.status == "finished" else self.future.exception()
 
     def result(self) -> int:
-        return self.index if self.future.status == "finished" else int(self.future.result())
+        if self.future.status != "finished":
+            self.future.result()  # raises the task's error
+        return self.index
 
 
 def _abandon(client: Any, futures: Iterable[Any], out: np.ndarray) -> None:
@@ -383,11 +393,12 @@ def _abandon(client: Any, futures: Iterable[Any], out: np.ndarray) -> None:
     placement.free(out)
 
 
-def _first(cluster: _Workers, fn: Fn, inputs: FileRows, spans: Spans) -> np.ndarray:
+def _first(cluster: Workers, fn: Fn, inputs: FileRows, spans: Spans) -> tuple[np.ndarray, float]:
+    """Block 0's result and its seconds (``first_block``)."""
     future = cluster.client.submit(first_block, fn, inputs, spans, pure=False)
     try:
         cluster.wait([future], ALL_COMPLETED, f"rows {rows_label(spans, 0)}")
-        result: np.ndarray = future.result()
+        result: tuple[np.ndarray, float] = future.result()
     except BaseException as exc:
         cluster.client.cancel([future])
         restore_cause(exc)

@@ -338,3 +338,20 @@ def cluster_blocks_in_flight(threads: int, block_bytes: int, in_flight_bytes: in
     ``in_flight_bytes`` holds more of them (never over ``CLUSTER_MAX_IN_FLIGHT``)."""
     fits = in_flight_bytes // max(1, block_bytes)
     return max(2 * max(1, threads), min(CLUSTER_MAX_IN_FLIGHT, fits))
+
+
+# How long a task of ``map(engine=client)`` runs: dask's scheduler costs about 6 ms a task at load 8 (1,000 bare
+# tasks took 6.1 s, issue 29), so a task of one small block cost more to schedule than to run; at 100 ms that cost
+# is a few percent, while a Ctrl-C still cancels all but the tasks running.
+CLUSTER_TASK_S = 0.1
+
+
+def cluster_blocks_per_task(blocks: int, threads: int, block_s: float, block_bytes: int, share_bytes: int) -> int:
+    """Blocks one task of ``map(engine=client)`` runs, one after another, when each takes ``block_s`` seconds and
+    reads and writes ``block_bytes``: enough for ``CLUSTER_TASK_S``, no more than its thread's ``share_bytes`` of
+    the worker's memory (0: no limit), and never so many that a thread gets fewer than two of the ``blocks``' tasks
+    (one task holding all would leave the other threads idle)."""
+    by_time = int(CLUSTER_TASK_S / block_s) if block_s > 0 else blocks
+    by_memory = share_bytes // max(1, block_bytes) if share_bytes > 0 else blocks
+    balanced = -(-blocks // (2 * max(1, threads)))
+    return max(1, min(by_time, by_memory, balanced))
