@@ -14,8 +14,9 @@ moment of a loaded machine hits every way alike:
   is new memory, as ``map``'s is. Targets: ``light`` at least as fast as the NumPy expression and numexpr;
   ``heavy`` at least the ``ThreadPoolExecutor`` and 1.6x the one-thread loop.
 * ``npy``: ``light`` over the same 512 MiB as a ``.npy`` file (warm in the page cache), each way in a process of
-  its own that maps twice (the second is timed) and reports its peak RSS (``VmHWM``): ``map`` as now, with ``rowwise=False``, and, where
-  ``APSI_BENCH_BASELINE`` names another checkout (``/work/main``), ``map`` from that checkout.
+  its own that maps twice (the second is timed) and reports its peak RSS (``VmHWM``): ``map`` as now, with
+  ``rowwise=False``, and, where ``APSI_BENCH_BASELINE`` names another checkout (``/work/main``), ``map`` from that
+  checkout.
 
 Each table gives the median of a way's rounds and the median over rounds of its speed against a peer measured
 in the same round (paired).

@@ -27,9 +27,9 @@ How it runs
   however large the input and output are.
 * A block (or piece) whose result disagrees with the first (row count, row shape or dtype) raises
   ``ChunkError``; an exception in ``fn`` raises ``BlockError`` naming the rows it was called on and their block,
-  with the original as its cause. Either way no block after the failing one starts (nor another piece of it), the blocks before it and those already running finish, the error of the
-  first failing block in row order is raised (whichever thread noticed first), and the output is freed (its spill
-  file deleted).
+  with the original as its cause. Either way no block after the failing one starts, the blocks before it and
+  those already running finish, the error of the first failing block in row order is raised (whichever thread
+  noticed first), and the output is freed (its spill file deleted).
 * A ``memory.array`` input freed (``memory.free``: it reads as zeros since) before the call or while blocks run
   raises ``ChunkError``, as a failing block does: each block checks each time ``fn`` returned, so nothing is
   written from zeros.
@@ -40,7 +40,8 @@ How it runs
   block runs unless ``overwrite=True``; on an error or Ctrl-C nothing is left at the path and an old file stays.
 * An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
 * ``engine=client`` (a ``distributed.Client``) runs the blocks on a dask cluster instead, by the same rules and
-  with byte-identical results (``fn`` sees whole blocks there, ``rowwise`` or not): see ``apsi_memory.dask`` (the ``apsi-memory[dask]`` extra).
+  with byte-identical results (``fn`` sees whole blocks there, ``rowwise`` or not): see ``apsi_memory.dask``
+  (the ``apsi-memory[dask]`` extra).
 """
 
 from __future__ import annotations
@@ -248,8 +249,6 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
         if out is not None:
             put(out, index, first, result)
             for span in rest:
-                if stop.first < index:  # an earlier block failed: its error is raised, these rows are not needed
-                    break
                 put(out, index, span, computed(index, span))  # written while the piece is still in the cache
         return index
 
