@@ -124,6 +124,7 @@ def test_bad_workers_fail_at_the_call(spill_dir: Path, workers: object) -> None:
 
 
 def test_without_rows_the_blocks_in_flight_hold_about_32_mb_together(spill_dir: Path) -> None:
+    # rowwise=False: fn sees the blocks themselves (by default it sees pieces of them: test_map_pieces.py)
     sizes: list[int] = []
     lock = threading.Lock()
 
@@ -132,7 +133,7 @@ def test_without_rows_the_blocks_in_flight_hold_about_32_mb_together(spill_dir: 
             sizes.append(len(b))
         return b
 
-    memory.map(fn, np.zeros((1_000_000, 8), np.float32), workers=2)  # 32 MB; 2 workers keep 4 blocks in flight
+    memory.map(fn, np.zeros((1_000_000, 8), np.float32), workers=2, rowwise=False)  # 32 MB; 4 blocks in flight
     assert max(sizes) == 8 * 1024 * 1024 // 32 and sum(sizes) == 1_000_000
 
 

@@ -32,6 +32,9 @@ from ..units import MiB
 # A block of about this many bytes when the caller gives no ``rows``: large enough that the per-block system calls
 # cost nothing next to the reading, small enough that a few blocks in flight per core stay far below any budget.
 DEFAULT_BLOCK_BYTES = 32 * MiB
+# ``map`` calls its function on pieces of a block of a quarter of a core's cache each: the input piece, the result
+# and two temporaries of that size fit (measured in benchmarks/bench_map_speed.py).
+PIECES_PER_CACHE = 4
 # The largest page-cache folio (a PMD: 2 MiB on x86-64 and arm64 with 4 KiB pages).
 FOLIO_BYTES = 2 * MiB
 
@@ -62,9 +65,18 @@ def default_rows(row_bytes: int, blocks_in_flight: int = 1) -> int:
     return max(1, DEFAULT_BLOCK_BYTES // max(1, blocks_in_flight) // max(1, row_bytes))
 
 
-def block_spans(n_rows: int, rows: int) -> list[tuple[int, int]]:
-    """``[(0, rows), (rows, 2*rows), …, (k*rows, n_rows)]``: consecutive blocks, the last one shorter."""
-    return [(start, min(start + rows, n_rows)) for start in range(0, n_rows, rows)]
+def block_spans(n_rows: int, rows: int, first: int = 0) -> list[tuple[int, int]]:
+    """``[(first, first+rows), …, (first+k*rows, n_rows)]``: consecutive blocks up to row ``n_rows``, the last
+    one shorter (``first``: the pieces of a block that starts there)."""
+    return [(start, min(start + rows, n_rows)) for start in range(first, n_rows, rows)]
+
+
+def piece_rows(row_bytes: int, cache_bytes: int) -> int:
+    """Rows per piece of a block, so that a piece of input takes ``1/PIECES_PER_CACHE`` of a core's cache: its
+    result and the function's temporaries (about as large each) stay in that cache beside it, so a light function
+    is not limited by memory bandwidth twice over (once for the temporaries, once for the output); at least one
+    row."""
+    return max(1, cache_bytes // PIECES_PER_CACHE // max(1, row_bytes))
 
 
 def page_floor(address: int, page: int) -> int:

@@ -18,7 +18,8 @@ import numpy as np
 from ..errors import BlockError, ChunkError
 from ..system.interrupts import interrupts_kept
 
-Spans = Sequence[tuple[int, int]]  # a list, or the dask engine's EvenSpans (two numbers, for any count)
+Span = tuple[int, int]  # rows start:stop
+Spans = Sequence[Span]  # a list, or the dask engine's EvenSpans (two numbers, for any count)
 BLOCKS_PER_WORKER = 2  # one being computed, one being read ahead
 
 
@@ -91,17 +92,19 @@ def run_in_order(count: int, in_flight: int, submit: Callable[[int], F], wait_fo
         raise
 
 
-def result_of(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, index: int) -> np.ndarray:
-    """``fn`` on block ``index`` of ``array``, which must give one row per input row."""
-    start, stop = spans[index]
+def result_of(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, index: int,
+              piece: Span | None = None) -> np.ndarray:
+    """``fn`` on block ``index`` of ``array`` (or on the rows ``piece`` of it), which must give one row per input
+    row."""
+    start, stop = piece or spans[index]
     try:
         result = np.asarray(fn(array[start:stop]))
     except Exception as exc:
-        raise BlockError(f"fn failed on rows {rows_label(spans, index)}: {type(exc).__name__}: {exc}") from exc
+        raise BlockError(f"fn failed on rows {rows_label(spans, index, piece)}: {type(exc).__name__}: {exc}") from exc
     if result.ndim == 0 or len(result) != stop - start:
         shape = "a single value" if result.ndim == 0 else f"{len(result)} rows"
-        raise ChunkError(f"fn returned {shape} for rows {rows_label(spans, index)} ({stop - start} rows); map "
-                         "needs one result row per input row")
+        raise ChunkError(f"fn returned {shape} for rows {rows_label(spans, index, piece)} ({stop - start} rows); "
+                         "map needs one result row per input row")
     return result
 
 
@@ -112,15 +115,16 @@ def check_storable(first: np.ndarray, spans: Spans) -> None:
                          "the output is a memory.array, which holds numbers and fixed-size records only")
 
 
-def check_like(result: np.ndarray, out: np.ndarray, spans: Spans, index: int) -> None:
-    """Block ``index``'s result has the row shape and dtype of the output (made from block 0's)."""
+def check_like(result: np.ndarray, out: np.ndarray, spans: Spans, index: int, piece: Span | None = None) -> None:
+    """Block ``index``'s result (or that of its rows ``piece``) has the row shape and dtype of the output (made
+    from block 0's)."""
     if result.shape[1:] != out.shape[1:] or result.dtype != out.dtype:
         raise ChunkError(f"fn returned rows of shape {result.shape[1:]} and dtype {result.dtype} for rows "
-                         f"{rows_label(spans, index)}, but rows of shape {out.shape[1:]} and dtype {out.dtype} for "
+                         f"{rows_label(spans, index, piece)}, but rows of shape {out.shape[1:]} and dtype {out.dtype} for "
                          "the first block; every block must give the same row shape and dtype")
 
 
-def rows_label(spans: Spans, index: int) -> str:
-    """``1000:2000 (block 2 of 10)``."""
-    start, stop = spans[index]
+def rows_label(spans: Spans, index: int, piece: Span | None = None) -> str:
+    """``1000:2000 (block 2 of 10)``: block ``index``'s rows, or those of ``piece`` of it."""
+    start, stop = piece or spans[index]
     return f"{start}:{stop} (block {index + 1} of {len(spans)})"

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from functools import partial
 
 from ..adapters.clock import Clock, SystemClock, checked_clock
+from ..adapters.cpus import core_cache_bytes
 from ..adapters.procfs import ProcStatus, read_proc_status
 from ..adapters.root import resolve
 from ..decide import Level, shared_budget
@@ -34,6 +35,7 @@ from .reservations import Siblings, group_key, shared
 from .tracker import Components, LevelTracker
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
+CORE_CACHE_BYTES = 1 << 20  # a core's own cache where sysfs does not say: the level 2 of current x86 server cores
 
 
 class Machine:
@@ -159,6 +161,10 @@ class Machine:
 
     def cores(self) -> int:
         return cores_from(read_proc_status(self.root))
+
+    def cache_bytes(self) -> int:
+        """The cache a core has to itself (its level-2 cache), or ``CORE_CACHE_BYTES`` where sysfs does not say."""
+        return core_cache_bytes(self.root) or CORE_CACHE_BYTES
 
     # -- the budget ------------------------------------------------------------------------------------------------
 

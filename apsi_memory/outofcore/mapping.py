@@ -7,20 +7,32 @@ How it runs
 -----------
 * Blocks run on ``workers`` threads (default: the cores this process may use). NumPy releases the GIL in its
   loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster.
+* What ``fn`` sees: with ``rows`` given, exactly the blocks of ``rows`` rows (the last one shorter), so a
+  function of the whole block (a normalisation by the block's mean) gets what it asked for. Without ``rows``, or
+  with ``rowwise=True``, ``fn`` is called on consecutive pieces of each block, a quarter of a core's own cache
+  each (``rules.piece_rows``: its level-2 cache from sysfs, 1 MiB where sysfs does not say; 8,192 rows of 32 bytes
+  on a 1 MiB cache), one after another by the block's thread, and each piece's result is written into the output
+  at once: the piece, its temporaries and its result stay in the cache, so a light function reads the input and
+  writes the output once each instead of streaming every temporary through memory (measured in
+  ``benchmarks/bench_map_speed.py``). Whether ``fn`` needs its whole block cannot be told from outside, so it is
+  the caller who says: ``rows`` (or ``rowwise=False``) for a function of the block, ``rowwise=True`` with
+  ``rows`` for a row-by-row function whose blocks should stay ``rows`` for reading and progress. The block stays
+  the unit of reading ahead, releasing and the progress bar either way.
 * The first block's result fixes the output: one row per input row, with the row shape and dtype of that result.
   The output is a ``memory.array`` (RAM while it fits the budget, a spill file otherwise). The blocks that started
-  beside the first keep their results until the output exists, so no core waits for the first block.
+  beside the first keep their (first piece's) results until the output exists, so no core waits for the first
+  block.
 * At most two blocks per worker are in flight: each is read ahead when it is handed out, and once it and every
   block before it are written, its input and output pages are released (see ``pages``), so memory stays flat
   however large the input and output are.
-* A block whose result disagrees with the first (row count, row shape or dtype) raises ``ChunkError``; an
-  exception in ``fn`` raises ``BlockError`` naming the block's rows, with the original as its cause. Either way no
-  block after the failing one starts, the blocks before it and those already running finish, the error of the
-  first failing block in row order is raised (whichever thread noticed first), and the output is freed (its spill
-  file deleted).
+* A block (or piece) whose result disagrees with the first (row count, row shape or dtype) raises
+  ``ChunkError``; an exception in ``fn`` raises ``BlockError`` naming the rows it was called on and their block,
+  with the original as its cause. Either way no block after the failing one starts, the blocks before it and
+  those already running finish, the error of the first failing block in row order is raised (whichever thread
+  noticed first), and the output is freed (its spill file deleted).
 * A ``memory.array`` input freed (``memory.free``: it reads as zeros since) before the call or while blocks run
-  raises ``ChunkError``, as a failing block does: each block checks once ``fn`` returned, so none is written from
-  zeros.
+  raises ``ChunkError``, as a failing block does: each block checks each time ``fn`` returned, so nothing is
+  written from zeros.
 * ``out=path``: the output is a new ``.npy`` there that the library never deletes (as ``memory.array(path=)``),
   made under a temporary name in that folder once block 0's result fixes its shape (its space reserved then: a
   full disk fails early), filled in place, and named only once every block is written and ``fsync``-ed: a reader
@@ -28,7 +40,8 @@ How it runs
   block runs unless ``overwrite=True``; on an error or Ctrl-C nothing is left at the path and an old file stays.
 * An empty input calls ``fn`` once on the empty block (to learn the output's dtype) and returns an empty output.
 * ``engine=client`` (a ``distributed.Client``) runs the blocks on a dask cluster instead, by the same rules and
-  with byte-identical results: see ``apsi_memory.dask`` (the ``apsi-memory[dask]`` extra).
+  with byte-identical results (``fn`` sees whole blocks there, ``rowwise`` or not): see ``apsi_memory.dask``
+  (the ``apsi-memory[dask]`` extra).
 """
 
 from __future__ import annotations
@@ -46,9 +59,10 @@ import numpy as np
 from ..arrays import npyfiles, placement
 from ..blocks.pages import BlockPages
 from ..blocks.progress import Progress, progress_bar
-from ..blocks.rules import block_spans, positive_count, rows_per_block
+from ..blocks.rules import block_spans, piece_rows, positive_count, rows_per_block
 from ..blocks.runner import (
     BLOCKS_PER_WORKER,
+    Span,
     Spans,
     Stop,
     check_like,
@@ -65,15 +79,21 @@ from ..units import flag
 
 def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.ndarray,
         rows: int | None = None, workers: int | None = None, *, progress: bool = False,
-        engine: Any = None, out: str | os.PathLike[str] | None = None, overwrite: bool = False) -> np.ndarray:
+        engine: Any = None, out: str | os.PathLike[str] | None = None, overwrite: bool = False,
+        rowwise: bool | None = None) -> np.ndarray:
     """``fn`` applied to each block of ``rows`` rows of ``x`` (an array, a memory-mapped array or a ``.npy``
     path), the results stacked into a new ``memory.array``. ``rows=None`` sizes blocks so that all those in flight
-    hold about 32 MB of input. ``engine``: a ``distributed.Client`` to run the blocks on its cluster (``workers``
-    then defaults to the cluster's threads). ``out``: the output is a ``.npy`` file there that stays (written
-    once, named only when whole; ``overwrite`` as for ``memory.keep``). See the module docstring for the rules."""
+    hold about 32 MB of input. ``rowwise``: ``fn`` computes each result row from its input row alone, so ``map``
+    may call it on cache-sized pieces of a block (the block stays the unit of reading, releasing and progress);
+    by default true when ``rows`` is ``None`` and false when ``rows`` is given, so that ``fn`` sees exactly the
+    blocks of ``rows`` rows. ``engine``: a ``distributed.Client`` to run the blocks on its cluster (``workers``
+    then defaults to the cluster's threads; ``fn`` sees whole blocks there). ``out``: the output is a ``.npy``
+    file there that stays (written once, named only when whole; ``overwrite`` as for ``memory.keep``). See the
+    module docstring for the rules."""
     if not callable(fn):  # else every block would fail with the same TypeError, reported as the block's
         raise ArgumentTypeError(f"map needs a function of a block, not {type(fn).__name__}")
     progress = flag(progress, "map: progress")
+    in_pieces = rows is None if rowwise is None else flag(rowwise, "map: rowwise")
     pending = None if out is None else npyfiles.Pending(out, flag(overwrite, "map: overwrite"))
     try:
         if engine is not None:
@@ -81,11 +101,18 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
 
             return map_on_cluster(engine, fn, x, rows, workers, progress=progress, out=pending)
         with streamed(x, rows, workers, progress, "map") as blocks:
-            return _run(fn, blocks.array, blocks.spans, blocks.inputs, blocks.workers, blocks.bar, pending)
+            piece = _piece(blocks.array) if in_pieces else max(1, len(blocks.array))
+            return _run(fn, blocks.array, blocks.spans, blocks.inputs, blocks.workers, blocks.bar, pending, piece)
     except BaseException:
         if pending is not None:
             pending.abandon()
         raise
+
+
+def _piece(array: np.ndarray) -> int:
+    """Rows per piece for ``array``'s rows: a quarter of a core's cache (``rules.piece_rows``)."""
+    row_bytes = int(np.prod(array.shape[1:], dtype=np.int64)) * array.itemsize
+    return piece_rows(row_bytes, machine().cache_bytes())
 
 
 class Streamed(NamedTuple):
@@ -176,10 +203,10 @@ class _Output:
 
 
 def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
-         workers: int, bar: Progress, pending: npyfiles.Pending | None) -> np.ndarray:
+         workers: int, bar: Progress, pending: npyfiles.Pending | None, piece: int) -> np.ndarray:
     output = _Output(len(array), spans, pending)
     try:
-        _run_blocks(fn, array, spans, inputs, output, workers, bar)
+        _run_blocks(fn, array, spans, inputs, output, workers, bar, piece)
     except BaseException:
         output.discard()
         raise
@@ -191,17 +218,28 @@ def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans
 
 
 def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
-                output: _Output, workers: int, bar: Progress) -> None:
-    """Every block on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight."""
+                output: _Output, workers: int, bar: Progress, piece: int) -> None:
+    """Every block on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight, ``fn`` called on
+    pieces of ``piece`` rows of each in turn, by the block's thread."""
     stop = Stop(len(spans))
+
+    def computed(index: int, span: Span) -> np.ndarray:
+        result = result_of(fn, array, spans, index, span)
+        if placement.is_freed(array):  # freed while fn read its rows: the result may come from zeros
+            raise freed_source(f"while map ran (found after rows {rows_label(spans, index, span)})")
+        return result
+
+    def put(out: np.ndarray, index: int, span: Span, result: np.ndarray) -> None:
+        check_like(result, out, spans, index, span)  # even when stopping: an earlier block's error wins
+        if not stop.stopping:
+            out[span[0]:span[1]] = result
 
     def work(index: int) -> int:
         if index >= stop.first:  # at or after a failed block: do not start
             return index
+        first, *rest = block_spans(spans[index][1], piece, spans[index][0]) or [spans[index]]
         try:
-            result = result_of(fn, array, spans, index)
-            if placement.is_freed(array):  # freed while fn read its block: the result may come from zeros
-                raise freed_source(f"while map ran (found after rows {rows_label(spans, index)})")
+            result = computed(index, first)
             if index == 0:
                 output.make(result)
         finally:
@@ -209,9 +247,9 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
                 output.give_up()  # made, or failed: either way nobody may wait longer
         out = output.wait()
         if out is not None:
-            check_like(result, out, spans, index)  # even when stopping: an earlier block's error wins
-            if not stop.stopping:
-                out[spans[index][0]:spans[index][1]] = result
+            put(out, index, first, result)
+            for span in rest:
+                put(out, index, span, computed(index, span))  # written while the piece is still in the cache
         return index
 
     def submit(index: int) -> Future[int]:

@@ -1,0 +1,237 @@
+"""``memory.map`` at the memory-bandwidth limit (issue 29 item 1): a light and a heavy function over 512 MiB of
+float32 in RAM on 2 threads, against its peers, every way once a round and the rounds interleaved, so a noisy
+moment of a loaded machine hits every way alike:
+
+    .venv/bin/python -m pytest benchmarks/bench_map_speed.py --benchmark-only -s
+    APSI_BENCH_BASELINE=/work/main .venv/bin/python -m pytest benchmarks/bench_map_speed.py --benchmark-only -s
+
+* ``light`` is ``b * 2.0 + 1.0``, ``heavy`` ``np.sqrt(b) * np.log1p(b)``, over 16,777,216 x 8 float32. Peers:
+  the NumPy expression on the whole array, a one-thread loop over ``map``'s blocks (8 MiB), a
+  ``ThreadPoolExecutor`` of 2 threads over the same blocks, each in pieces of 8,192 rows (what ``map`` does, by
+  hand), numexpr on 2 threads, ``dask.array`` (``from_array``, ``map_blocks``, ``store`` into a new array, 2
+  threads), ``memory.map(rowwise=False)`` (``fn`` on whole blocks: ``map`` before pieces) and 2 threads of
+  ``np.copyto`` into a new array: the bandwidth limit, reading and writing as much as ``light`` does. Every output
+  is new memory, as ``map``'s is. Targets: ``light`` at least as fast as the NumPy expression and numexpr;
+  ``heavy`` at least the ``ThreadPoolExecutor`` and 1.6x the one-thread loop.
+* ``npy``: ``light`` over the same 512 MiB as a ``.npy`` file (warm in the page cache), each way in a process of
+  its own that maps twice (the second is timed) and reports its peak RSS (``VmHWM``): ``map`` as now, with
+  ``rowwise=False``, and, where ``APSI_BENCH_BASELINE`` names another checkout (``/work/main``), ``map`` from that
+  checkout.
+
+Each table gives the median of a way's rounds and the median over rounds of its speed against a peer measured
+in the same round (paired).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import apsi_memory as memory
+
+ROWS, COLS, WORKERS, ROUNDS = 16_777_216, 8, 2, 5
+BLOCK = 262_144  # map's own block without rows on 2 workers: 8 MiB
+PIECE = 8_192  # a quarter of a 1 MiB level-2 cache, in 32-byte rows: what map uses on this machine
+BASELINE_ENV = "APSI_BENCH_BASELINE"
+Fn = Callable[[np.ndarray], np.ndarray]
+
+
+def light(b: np.ndarray) -> np.ndarray:
+    return b * 2.0 + 1.0
+
+
+def heavy(b: np.ndarray) -> np.ndarray:
+    return np.sqrt(b) * np.log1p(b)
+
+
+NUMEXPR = {light: "b * two + one", heavy: "sqrt(b) * log1p(b)"}  # float32 constants keep the result float32
+
+
+@pytest.fixture(scope="module")
+def x() -> Iterator[np.ndarray]:
+    a = np.empty((ROWS, COLS), np.float32)
+    for start in range(0, ROWS, BLOCK):
+        a[start:start + BLOCK] = np.random.default_rng(start).random((BLOCK, COLS), dtype=np.float32)
+    yield a
+
+
+def one_thread_loop(fn: Fn, x: np.ndarray) -> np.ndarray:
+    out = np.empty_like(x)
+    for start in range(0, len(x), BLOCK):
+        out[start:start + BLOCK] = fn(x[start:start + BLOCK])
+    return out
+
+
+def thread_pool(fn: Fn, x: np.ndarray) -> np.ndarray:
+    out = np.empty_like(x)
+
+    def block(start: int) -> None:
+        for piece in range(start, min(start + BLOCK, len(x)), PIECE):
+            out[piece:piece + PIECE] = fn(x[piece:piece + PIECE])
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(block, range(0, len(x), BLOCK)))
+    return out
+
+
+def numexpr(fn: Fn, x: np.ndarray) -> np.ndarray:
+    import numexpr as ne
+
+    ne.set_num_threads(WORKERS)
+    result: np.ndarray = ne.evaluate(NUMEXPR[fn], local_dict={"b": x, "two": np.float32(2), "one": np.float32(1)})
+    return result
+
+
+def dask_array(fn: Fn, x: np.ndarray) -> np.ndarray:
+    import dask
+    import dask.array as da
+
+    out = np.empty_like(x)
+    mapped = da.from_array(x, chunks=(BLOCK, COLS)).map_blocks(fn, dtype=x.dtype)
+    with dask.config.set(scheduler="threads", num_workers=WORKERS):
+        da.store(mapped, out, lock=False)
+    return out
+
+
+def copy_limit(fn: Fn, x: np.ndarray) -> np.ndarray:
+    out = np.empty_like(x)
+    half = len(x) // 2
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(lambda span: np.copyto(out[span[0]:span[1]], x[span[0]:span[1]]), [(0, half), (half, len(x))]))
+    return out
+
+
+WAYS: dict[str, Callable[[Fn, np.ndarray], np.ndarray]] = {
+    "memory.map": lambda fn, x: memory.map(fn, x, workers=WORKERS),
+    "memory.map rowwise=False": lambda fn, x: memory.map(fn, x, workers=WORKERS, rowwise=False),
+    "NumPy expression": lambda fn, x: fn(x),
+    "1-thread loop": one_thread_loop,
+    "ThreadPoolExecutor": thread_pool,
+    "numexpr": numexpr,
+    "dask.array": dask_array,
+    "copyto (limit)": copy_limit,
+}
+EXACT = {"memory.map", "memory.map rowwise=False", "NumPy expression", "1-thread loop", "ThreadPoolExecutor",
+         "dask.array"}  # the same NumPy loops on the same values: the same bits
+
+
+SAMPLES = [slice(0, 3 * PIECE + 5), slice(5 * BLOCK - 7, 6 * BLOCK + 11), slice(ROWS - BLOCK - 3, ROWS)]
+
+
+def checked(name: str, fn: Fn, result: np.ndarray, x: np.ndarray) -> None:
+    """Rows across pieces and blocks, against the NumPy expression on them (a whole expected array would hold
+    another 512 MiB)."""
+    for rows in SAMPLES:
+        expected = x[rows] if name == "copyto (limit)" else fn(x[rows])
+        if name in EXACT or name == "copyto (limit)":
+            assert result[rows].tobytes() == expected.tobytes(), name
+        else:
+            np.testing.assert_allclose(result[rows], expected, rtol=1e-6)
+
+
+def interleaved(ways: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each way, every way once per round, in a different order each round."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    names = list(ways)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(ways[name]())
+    return times
+
+
+def table(times: dict[str, list[float]], against: list[str], title: str) -> dict[str, dict[str, float]]:
+    """Print each way's median and its paired speed against each of ``against``; the speeds, by way."""
+    speeds = {name: {peer: statistics.median(p / t for p, t in zip(times[peer], own)) for peer in against}
+              for name, own in times.items()}
+    print(f"\n{title} (load {os.getloadavg()[0]:.1f})\n{'median':>36}  "
+          + "  ".join(f"vs {peer:>18}" for peer in against))
+    for name, own in times.items():
+        print(f"{name:>26} {statistics.median(own) * 1000:7.0f} ms  "
+              + "  ".join(f"{speeds[name][peer]:21.2f}x" for peer in against))
+    return speeds
+
+
+@pytest.mark.parametrize("fn", [light, heavy], ids=["light", "heavy"])
+def test_map_in_ram(benchmark: Any, x: np.ndarray, fn: Fn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APSI_SPILL_DIR", str(tmp_path))
+
+    def timed(name: str) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            result = WAYS[name](fn, x)
+            seconds = time.perf_counter() - start
+            checked(name, fn, result, x)
+            if name.startswith("memory.map"):
+                memory.free(result)
+            return seconds
+        return run
+
+    times: dict[str, list[float]] = {}
+    benchmark.group = f"map {fn.__name__} in RAM"
+    benchmark.pedantic(lambda: times.update(interleaved({name: timed(name) for name in WAYS}, ROUNDS)),
+                       rounds=1, iterations=1)
+    speeds = table(times, ["1-thread loop", "NumPy expression", "numexpr", "ThreadPoolExecutor"],
+                   f"{fn.__name__} over {x.nbytes >> 20} MiB float32 in RAM, {WORKERS} threads, {ROUNDS} rounds")
+    benchmark.extra_info.update({name: {peer: round(s, 2) for peer, s in row.items()} for name, row in speeds.items()})
+
+
+CHILD = """
+import json, sys, time
+import apsi_memory as memory
+path, kwargs = sys.argv[1], json.loads(sys.argv[2])
+for _ in range(2):  # the second map is timed: the first also pays for what a process does once (imports, threads)
+    start = time.perf_counter()
+    y = memory.map(lambda b: b * 2.0 + 1.0, path, workers=2, **kwargs)
+    seconds = time.perf_counter() - start
+    assert float(y[-1, -1]) == float(y[-1, -1])
+    memory.free(y)
+with open("/proc/self/status") as f:  # VmHWM: this process's own peak (ru_maxrss would include the parent's)
+    peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+print(json.dumps({"seconds": seconds, "peak_rss": peak}))
+"""
+
+
+def in_child(tree: str, path: str, kwargs: dict[str, object], rss: dict[str, list[int]], name: str) -> float:
+    """One ``map`` over ``path`` in a new process importing ``apsi_memory`` from ``tree``: its seconds."""
+    with open(path, "rb") as f:  # warm: the rounds measure map, not the disk
+        while f.read(64 << 20):
+            pass
+    env = dict(os.environ, PYTHONPATH=tree)
+    done = subprocess.run([sys.executable, "-c", CHILD, path, json.dumps(kwargs)], env=env, check=True,
+                          capture_output=True, text=True, cwd=tree)
+    report = json.loads(done.stdout)
+    rss[name].append(report["peak_rss"])
+    seconds: float = report["seconds"]
+    return seconds
+
+
+def test_map_npy(benchmark: Any, x: np.ndarray, tmp_path: Path) -> None:
+    path = str(tmp_path / "x.npy")
+    np.save(path, x)
+    here = str(Path(__file__).resolve().parents[1])
+    children: dict[str, tuple[str, dict[str, object]]] = {
+        "memory.map": (here, {}), "memory.map rowwise=False": (here, {"rowwise": False})}
+    if os.environ.get(BASELINE_ENV):
+        children[f"memory.map from {os.environ[BASELINE_ENV]}"] = (os.environ[BASELINE_ENV], {})
+    rss: dict[str, list[int]] = {name: [] for name in children}
+    times: dict[str, list[float]] = {}
+    ways = {name: (lambda name=name, c=child: in_child(c[0], path, c[1], rss, name))
+            for name, child in children.items()}
+    benchmark.group = "map light over a .npy"
+    benchmark.pedantic(lambda: times.update(interleaved(ways, ROUNDS)), rounds=1, iterations=1)
+    table(times, list(children)[1:], f"light over a {os.path.getsize(path) >> 20} MiB .npy (warm), 2 threads, "
+          f"each way in a process of its own, {ROUNDS} rounds")
+    for name, peaks in rss.items():
+        print(f"{name:>26} peak RSS {max(peaks) / 2**20:7.0f} MiB (most over the rounds)")
+        benchmark.extra_info[f"{name} peak_rss"] = max(peaks)

@@ -1,0 +1,123 @@
+"""What ``fn`` sees in ``memory.map``: with ``rows`` given, exactly the blocks of ``rows`` rows; without (or with
+``rowwise=True``), pieces of each block sized from the core's own cache (sysfs), so its temporaries stay there."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import apsi_memory as memory
+import sim
+from apsi_memory.adapters.cpus import core_cache_bytes, parse_cache_size
+from apsi_memory.blocks.rules import block_spans, default_rows
+from apsi_memory.errors import ArgumentTypeError, BlockError
+from apsi_memory.machinery.machines import CORE_CACHE_BYTES, Machine
+from sim.tree import SimTree
+
+ROWS = 1_500_000
+X = np.arange(ROWS * 3, dtype=np.float32).reshape(ROWS, 3)  # 12-byte rows, 18 MB
+BLOCK = default_rows(12, 4)  # rows=None on 2 workers: 4 blocks in flight share 32 MB (699,050 rows)
+PIECE = 64 * 1024 // 4 // 12  # a quarter of a 64 KiB cache: 1,365 rows, which do not divide a block
+
+
+def with_cache(tree: SimTree, size: str) -> None:
+    """A core with a 32 KiB level-1 data cache, a level-2 cache of ``size`` and a shared 32 MiB level 3."""
+    for index, (level, kind, text) in enumerate([("1", "Data", "32K"), ("1", "Instruction", "32K"),
+                                                  ("2", "Unified", size), ("3", "Unified", "32768K")]):
+        for field, value in (("level", level), ("type", kind), ("size", text)):
+            tree.write(f"/sys/devices/system/cpu/cpu0/cache/index{index}/{field}", value + "\n")
+
+
+@pytest.fixture
+def cache_64k(sim_machine: Callable[..., SimTree], spill_dir: Path) -> SimTree:
+    tree = sim_machine(sim.tree.docker_v1)
+    with_cache(tree, "64K")
+    return tree
+
+
+def spans_seen(fn: Callable[[np.ndarray], np.ndarray], **kwargs: object) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """``map(fn, X, workers=2, **kwargs)`` and the row spans ``fn`` was called on, in row order."""
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def recording(b: np.ndarray) -> np.ndarray:
+        start = (b.ctypes.data - X.ctypes.data) // X.strides[0]
+        with lock:
+            seen.append((start, start + len(b)))
+        return fn(b)
+
+    y = memory.map(recording, X, workers=2, **kwargs)  # type: ignore[arg-type]
+    return y, sorted(seen)
+
+
+def pieces(blocks: list[tuple[int, int]], rows: int) -> list[tuple[int, int]]:
+    return [piece for start, stop in blocks for piece in block_spans(stop, rows, start)]
+
+
+def test_without_rows_fn_sees_cache_sized_pieces_of_each_block(cache_64k: SimTree) -> None:
+    y, seen = spans_seen(lambda b: b * 2.0 + 1.0)
+    assert seen == pieces(block_spans(ROWS, BLOCK), PIECE)  # the last piece of each block is shorter
+    assert y.tobytes() == (X * 2.0 + 1.0).tobytes()
+
+
+def test_with_rows_fn_sees_exactly_the_blocks_of_rows_rows(cache_64k: SimTree) -> None:
+    def centred(b: np.ndarray) -> np.ndarray:  # needs its whole block: pieces would change every value
+        return b - b.mean(axis=0)
+
+    y, seen = spans_seen(centred, rows=100_000)
+    assert seen == block_spans(ROWS, 100_000)
+    expected = np.concatenate([centred(X[start:stop]) for start, stop in block_spans(ROWS, 100_000)])
+    assert y.tobytes() == expected.tobytes()
+
+
+def test_rowwise_true_splits_the_given_blocks_into_pieces(cache_64k: SimTree) -> None:
+    y, seen = spans_seen(lambda b: np.sqrt(b) * np.log1p(b), rows=100_000, rowwise=True)
+    assert seen == pieces(block_spans(ROWS, 100_000), PIECE)
+    assert y.tobytes() == (np.sqrt(X) * np.log1p(X)).tobytes()
+
+
+def test_rowwise_false_without_rows_gives_fn_the_whole_blocks(cache_64k: SimTree) -> None:
+    _, seen = spans_seen(lambda b: b, rowwise=False)
+    assert seen == block_spans(ROWS, BLOCK)
+
+
+def test_the_pieces_grow_with_the_cache(sim_machine: Callable[..., SimTree], spill_dir: Path) -> None:
+    with_cache(sim_machine(sim.tree.docker_v1), "1024K")
+    _, seen = spans_seen(lambda b: b)
+    assert seen == pieces(block_spans(ROWS, BLOCK), 1024 * 1024 // 4 // 12)
+
+
+def test_a_failing_piece_is_named_by_its_rows_and_block(cache_64k: SimTree) -> None:
+    def fails_on_row_2000(b: np.ndarray) -> np.ndarray:
+        if b[0, 0] <= 2000 * 3 < b[-1, 0]:
+            raise ValueError("bad row")
+        return b
+
+    with pytest.raises(BlockError, match=r"rows 1365:2730 \(block 1 of 3\): ValueError: bad row"):
+        memory.map(fails_on_row_2000, X, workers=2)
+
+
+def test_rowwise_must_be_true_or_false(spill_dir: Path) -> None:
+    with pytest.raises(ArgumentTypeError, match="map: rowwise must be True or False, not str"):
+        memory.map(lambda b: b, X, rowwise="no")  # type: ignore[arg-type]
+
+
+def test_the_core_cache_is_level_2_from_sysfs(tmp_path: Path) -> None:
+    tree = SimTree(tmp_path)
+    with_cache(tree, "512K")
+    assert core_cache_bytes(str(tmp_path)) == 512 * 1024
+    assert Machine(root=str(tmp_path), siblings=False).cache_bytes() == 512 * 1024
+
+
+def test_without_sysfs_the_core_cache_is_taken_as_1_mib(tmp_path: Path) -> None:
+    assert core_cache_bytes(str(tmp_path)) is None
+    assert Machine(root=str(tmp_path), siblings=False).cache_bytes() == CORE_CACHE_BYTES == 1024 * 1024
+
+
+@pytest.mark.parametrize("text, size", [("1024K\n", 1 << 20), ("2M", 2 << 20), ("48", 48), ("big", None), ("", None)])
+def test_cache_sizes_read_as_sysfs_writes_them(text: str, size: int | None) -> None:
+    assert parse_cache_size(text) == size
