@@ -38,8 +38,7 @@ from ..errors import CorruptFileError
 from ..units import GiB, fmt_size
 
 
-@dataclass(frozen=True)
-class MemoryReading:
+class MemoryReading(NamedTuple):
     host: MemInfo
     cgroup: CgroupMemory | None
     psi: Psi | None
@@ -106,7 +105,7 @@ class MemoryReader:
         self._high = count, rose_at if count is not None else None
         if count is None or rose_at is None:
             return reading
-        return dataclasses.replace(reading, throttled_s=now - rose_at)
+        return reading._replace(throttled_s=now - rose_at)
 
     def close(self) -> None:
         with self._lock:  # not under a reading another thread is taking
