@@ -7,7 +7,9 @@ measured in the same run: each round starts a fresh interpreter, as a script or 
 * ``import numpy, apsi_memory``: the package alone, whose public names are imported on first use;
 * ``apsi-memory status``: the command line's most common call, for comparison (not part of the target);
 * the first ``memory.store(...)`` set after the import (issue 29 item 4: at most 25 ms more than the import), beside
-  its peer, the first ``lmdb.open`` and put after ``import lmdb`` (the ``bench`` extra).
+  its peer, the first ``lmdb.open`` and put after ``import lmdb`` (the ``bench`` extra);
+* the first call of the other features (``FIRST_CALLS``: a 64 MB array, ``pressure()``, ``map``, a ``cached`` call,
+  ``status()``), in CPU time.
 
 The first store and its peer are also given in CPU time (``time.process_time()`` in the child, around the import and
 around the first call), which a busy machine inflates far less than wall time (at load 10-13 on 2 cores wall times
@@ -34,6 +36,14 @@ ROUNDS = 15
 TARGET_S = 0.030
 FIRST_STORE_TARGET_S = 0.025
 ENV = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+
+FIRST_CALLS = {
+    "first memory.array (64 MB)": "memory.array((1 << 26,), 'u1')",
+    "first memory.pressure()": "memory.pressure()",
+    "first memory.map": "list(memory.map(lambda block: block * 2, numpy.ones((1000, 4))))",
+    "first @memory.cached call": "memory.cached(lambda x: x)(1)",
+    "first memory.status()": "memory.status()",
+}
 
 ratios = Ratios("import numpy")
 # (import, first call) in CPU seconds, as each round's child printed them, by benchmark (the warm-up round first)
@@ -98,6 +108,12 @@ def test_first_store(benchmark: Any, tmp_path: Any) -> None:
             f"os.environ['APSI_STORE_DIR'] = {str(tmp_path / 'stores')!r}\n")
     measure(benchmark, "first memory.store", "-c", code + timed("import apsi_memory as memory",
                                                                 "memory.store('first')['a'] = 1"), cpu=True)
+
+
+@pytest.mark.parametrize("name", FIRST_CALLS)
+def test_first_call(benchmark: Any, tmp_path: Any, name: str) -> None:
+    code = f"import os, numpy\nos.environ['APSI_SPILL_DIR'] = {str(tmp_path / 'spill')!r}\n"
+    measure(benchmark, name, "-c", code + timed("import apsi_memory as memory", FIRST_CALLS[name]), cpu=True)
 
 
 def test_first_lmdb_put(benchmark: Any, tmp_path: Any) -> None:
