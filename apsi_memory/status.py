@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psutil
-
 from .adapters.disk import disk_free
 from .adapters.procfs import ProcStatus, read_loadavg, read_proc_status
 from .devices.hardware import Gpu, gpus
@@ -54,12 +52,18 @@ class Status(Reading):
 def _rss_from(status: ProcStatus | None) -> int:
     if status is not None and status.rss is not None:
         return status.rss
+    import psutil  # only without /proc (macOS): with subprocess and socket it was half a first status()
+
     return int(psutil.Process().memory_info().rss)
 
 
 def _load(root: str) -> float:
     load = read_loadavg(root)
-    return load if load is not None else psutil.getloadavg()[0]
+    if load is not None:
+        return load
+    import psutil  # only without /proc, as above
+
+    return float(psutil.getloadavg()[0])
 
 
 def status() -> Status:

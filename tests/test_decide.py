@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import itertools
 from pathlib import Path
 
@@ -222,9 +221,9 @@ def test_the_smallest_limit_up_the_hierarchy_always_wins(levels: list[decide.Gro
 @given(group_levels, st.lists(group_levels, min_size=1, max_size=5), st.integers(0, PHYSICAL))
 def test_a_missing_leaf_usage_never_loses_a_parents_limit(leaf: decide.GroupLevel, parents: list[decide.GroupLevel],
                                                           usage: int) -> None:
-    parents = [*parents[:-1], dataclasses.replace(parents[-1], usage=usage)]  # some level has the controller
-    without = decide.combine_levels([dataclasses.replace(leaf, usage=None), *parents], PHYSICAL)
-    with_usage = decide.combine_levels([dataclasses.replace(leaf, usage=usage), *parents], PHYSICAL)
+    parents = [*parents[:-1], parents[-1]._replace(usage=usage)]  # some level has the controller
+    without = decide.combine_levels([leaf._replace(usage=None), *parents], PHYSICAL)
+    with_usage = decide.combine_levels([leaf._replace(usage=usage), *parents], PHYSICAL)
     assert without is not None and with_usage is not None
     assert without.limit == with_usage.limit
     parent_limits = _real_limits(parents)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from apsi_memory.arrays import spill
 
 SPY = textwrap.dedent("""
@@ -82,3 +84,50 @@ def test_importing_loads_no_submodule_and_the_functions_keep_their_names_after_t
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.splitlines() == ["[]", "True", "True", "apsi_memory.arrays.spill True True"]
+
+
+FIRST_CALL = textwrap.dedent("""
+    import sys
+    import numpy
+    before = set(sys.modules)
+    import apsi_memory as memory
+    {call}
+    print(" ".join(sorted(set(sys.modules) - before)))
+    import dataclasses  # only now: it is one of the modules a first store must not import
+    print(" ".join(sorted(name for module_name, module in list(sys.modules.items())
+                          if module_name.startswith("apsi_memory") for name, value in vars(module).items()
+                          if dataclasses.is_dataclass(value) and value.__module__ == module_name)))
+""")
+# Modules a first call of each feature must not import (issue 29 item 4), none of them imported by NumPy: a program
+# that already has NumPy pays for each one. hashlib loads OpenSSL: only a store (its MACs) and a group's siblings'
+# ledger (its name) need it.
+NEVER = {"multiprocessing", "secrets", "subprocess", "socket", "psutil", "shutil", "concurrent.futures"}
+FIRST_CALLS = {
+    "store": ("memory.store('first')['a'] = 1", NEVER | {"apsi_memory.decide.workers", "dataclasses",
+                                                           "apsi_memory.machinery.reading",
+                                                           "apsi_memory.machinery.watcher"}),
+    "array": ("memory.array((1000,), 'f4')", NEVER),  # small, so in RAM: a first spill file takes multiprocessing
+    "pressure": ("memory.pressure()", NEVER | {"hashlib", "apsi_memory.decide.workers"}),
+    "limits": ("memory.limits()", NEVER),
+    "status": ("memory.status()", NEVER),
+    "map": ("list(memory.map(lambda block: block * 2, numpy.ones((1000, 4))))", NEVER - {"concurrent.futures"}),
+    "cached": ("memory.cached(lambda x: x)(1)", NEVER),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(FIRST_CALLS))
+def test_the_first_call_of_each_feature_imports_only_what_it_needs(feature, tmp_path):
+    """Each first call, after NumPy and ``import apsi_memory``, leaves out the modules only a rare path needs
+    (psutil where ``/proc`` is missing, multiprocessing's pickler until the first spill file, the Dask workers'
+    rules, the watcher). A store defines no dataclass, a reading none but the public readings: a frozen dataclass
+    takes ~7x as long to define as the named tuples the readings' parts are (``benchmarks/bench_import.py`` has the
+    time)."""
+    call, never = FIRST_CALLS[feature]
+    env = {**os.environ, "APSI_HOME": str(tmp_path / "home"), "APSI_STORE_DIR": str(tmp_path / "stores"),
+           "APSI_SPILL_DIR": str(tmp_path / "spill")}
+    done = subprocess.run([sys.executable, "-c", FIRST_CALL.format(call=call)], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    loaded, dataclasses = (line.split() for line in done.stdout.splitlines())
+    assert sorted(never & set(loaded)) == []
+    if feature in ("pressure", "limits"):
+        assert set(dataclasses) <= {"Budget", "Limits", "Pressure", "SiblingReading"}

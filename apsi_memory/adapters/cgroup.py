@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 from ..decide import (
     V1_LIMIT_FILES,
@@ -32,8 +32,7 @@ from .procfs import CgroupEntry, Mount, parse_mountinfo_lines, parse_self_cgroup
 log = logging.getLogger("apsi_memory.limits")
 
 
-@dataclass(frozen=True)
-class CgroupMemory:
+class CgroupMemory(NamedTuple):
     version: int  # 1 or 2
     path: str  # the group as /proc/self/cgroup names it
     directory: str  # where its files are, in the machine's view (without the root prefix)
@@ -100,8 +99,7 @@ def _climbs(path: str) -> bool:
     return ".." in path.split("/")
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(NamedTuple):
     """Where a hierarchy's group is. ``problem`` set: the group cannot be read safely and is not read at all."""
 
     entry: CgroupEntry
@@ -160,8 +158,7 @@ def _levels(directory: str, mount_point: str) -> list[str]:
 
 # -- reading -------------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Files:
+class _Files(NamedTuple):
     """File names that differ between the versions; which ones are limits is decided in ``decide``."""
 
     limits: tuple[str, ...]
@@ -180,8 +177,7 @@ V1 = _Files(V1_LIMIT_FILES, "memory.usage_in_bytes", ("total_inactive_file", "in
 V2 = _Files(V2_LIMIT_FILES, "memory.current", ("inactive_file",), None)
 
 
-@dataclass(frozen=True)
-class _LevelPaths:
+class _LevelPaths(NamedTuple):
     """The files of one level, joined once per layout rather than on every reading."""
 
     directory: str
@@ -223,18 +219,22 @@ def _read_level(source: KernelFiles, files: _Files, paths: _LevelPaths) -> Group
     return GroupLevel(tuple(limits), usage, inactive)
 
 
-@dataclass(frozen=True)
 class Layout:
     """What ``/proc/self/cgroup`` and ``/proc/self/mountinfo`` say, and the texts it was made from: a reading
-    whose texts are the same keeps the layout (and where its groups are) instead of parsing and locating again."""
+    whose texts are the same keeps the layout (and where its groups are) instead of parsing and locating again.
+    A plain class, and the readings' parts named tuples: a frozen dataclass takes ~7x as long to define, on the
+    first store's path (issue 29 item 4)."""
 
-    entries: list[CgroupEntry]
-    mounts: list[Mount]
-    texts: tuple[str | None, str | None] = (None, None)
-    located: dict[int, Location | None] = field(default_factory=dict)  # by version: ``locate``, ``in_namespace``
-    # The levels a charge reaches, found once: v1 refuses to change a group's use_hierarchy while it has children,
-    # and every parent of ours has one (us).
-    _charged: dict[int, list[_LevelPaths]] = field(default_factory=dict, compare=False, repr=False)
+    def __init__(self, entries: list[CgroupEntry], mounts: list[Mount],
+                 texts: tuple[str | None, str | None] = (None, None),
+                 located: dict[int, Location | None] | None = None) -> None:
+        self.entries = entries
+        self.mounts = mounts
+        self.texts = texts
+        self.located = {} if located is None else located  # by version: ``locate``, ``in_namespace``
+        # The levels a charge reaches, found once: v1 refuses to change a group's use_hierarchy while it has
+        # children, and every parent of ours has one (us).
+        self._charged: dict[int, list[_LevelPaths]] = {}
 
     def locate(self, version: int) -> Location | None:
         return self.located.get(version)

@@ -4,15 +4,14 @@ started."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import CorruptFileError
 from .files import KernelFiles
 from .root import read_text, resolve
 
 
-@dataclass(frozen=True)
-class MemInfo:
+class MemInfo(NamedTuple):
     total: int
     available: int
     swap_total: int
@@ -70,8 +69,7 @@ def read_meminfo(files: KernelFiles) -> MemInfo | None:
     return None if text is None else parse_meminfo(text)
 
 
-@dataclass(frozen=True)
-class CgroupEntry:
+class CgroupEntry(NamedTuple):
     """A line of ``/proc/self/cgroup``: ``4:memory:/docker/abc`` (v1) or ``0::/kubepods/pod1`` (v2)."""
 
     hierarchy: int
@@ -92,8 +90,7 @@ def parse_self_cgroup(text: str, path: str = "/proc/self/cgroup") -> list[Cgroup
     return entries
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     """The fields of a ``/proc/self/mountinfo`` line this library needs."""
 
     root: str  # the path inside the filesystem that is mounted (a cgroup path for cgroup mounts)
@@ -161,8 +158,7 @@ def read_loadavg(root: str | None = None) -> float | None:
     return None if text is None else parse_loadavg(text)
 
 
-@dataclass(frozen=True)
-class ProcStatus:
+class ProcStatus(NamedTuple):
     rss: int | None
     cpus: int | None  # CPUs this process may run on: what ``nproc`` prints
 

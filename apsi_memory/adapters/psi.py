@@ -7,9 +7,8 @@ disabled (``psi=0``: the file exists, reads fail with EOPNOTSUPP) is "not availa
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import CorruptFileError
 from .cgroup import Layout
@@ -18,8 +17,7 @@ from .files import KernelFiles
 SYSTEM_PSI = "/proc/pressure/memory"
 
 
-@dataclass(frozen=True)
-class Psi:
+class Psi(NamedTuple):
     some: float  # avg10, percent
     full: float | None  # avg10, percent; None where the kernel has no "full" line
     source: str
@@ -51,7 +49,7 @@ def read_psi(source: KernelFiles, layout: Layout) -> Psi | None:
     for path in ([os.path.join(group, "memory.pressure")] if group else []) + [SYSTEM_PSI]:
         text = source.read(path)
         if text is not None:
-            return dataclasses.replace(parse_psi(text, path), host_wide=path == SYSTEM_PSI or _root_on_hybrid(layout))
+            return parse_psi(text, path)._replace(host_wide=path == SYSTEM_PSI or _root_on_hybrid(layout))
     return None
 
 

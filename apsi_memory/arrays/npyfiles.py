@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from ..adapters.disk import disk_free
-from ..adapters.processes import own_owner
 from ..errors import ArgumentError, ArgumentTypeError, DiskFullError, MissingFileError
 from ..system import libc, trust
 from ..system.fileio import new_file, npy_header, unlink_quietly, write_all
@@ -83,7 +81,7 @@ def _exists(path: str) -> ArgumentError:
 
 
 def temp_name() -> str:
-    return spill.file_name(*own_owner(), secrets.token_hex(6))
+    return spill.new_file_name()
 
 
 def publish(folder_fd: int, temp: str, path: str, overwrite: bool) -> None:

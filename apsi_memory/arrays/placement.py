@@ -56,7 +56,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -64,9 +64,11 @@ from ..decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from ..errors import ArgumentError, ArgumentTypeError, NotFreedWarning
 from ..machinery.held import Ledger
 from ..machinery.machines import machine
-from ..machinery.reading import Limits
 from ..units import fmt_size
 from . import moving, npyfiles, sending, spill
+
+if TYPE_CHECKING:  # a big array's first placement imports it (the limits); a small one never needs it
+    from ..machinery.reading import Limits
 
 log = logging.getLogger("apsi_memory.arrays")  # the documented logger name (docs: "What it logs")
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we

@@ -42,7 +42,6 @@ import errno
 import mmap
 import os
 from collections.abc import Callable
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -169,6 +168,9 @@ def install(reference_of: Callable[[np.ndarray], Reduced | None]) -> None:
     processes, ``concurrent.futures``, PyTorch's DataLoader) sends by path, between processes alive at once on one
     machine; ``pickle.dumps``, ``torch.save`` and ``joblib.dump`` write pickles that outlive the sender, so they keep
     the bytes."""
+    # Here, at the first spill file: multiprocessing (socket, selectors, secrets) was most of a first memory.array
+    from multiprocessing.reduction import ForkingPickler
+
     for kind in (np.ndarray, np.memmap):
         registered = getattr(ForkingPickler, "_extra_reducers", {}).get(kind)  # its own table, not public
         before = registered or copyreg.dispatch_table.get(kind, by_value)

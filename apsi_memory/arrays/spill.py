@@ -37,7 +37,6 @@ import math
 import mmap
 import os
 import re
-import secrets
 import stat
 import threading
 from collections.abc import Callable
@@ -60,6 +59,12 @@ _NAME = re.compile(r"apsi-(\d+)-(\d+)-[0-9a-f]+\.npy")
 
 def file_name(pid: int, start: str, token: str) -> str:
     return f"apsi-{pid}-{start}-{token}.npy"
+
+
+def new_file_name() -> str:
+    """A spill file name of this process, with 12 random hex digits (``secrets.token_hex``'s bytes: importing
+    ``secrets`` brought ``hmac``, ``base64`` and ``random`` onto a first ``memory.array``'s path)."""
+    return file_name(*own_owner(), os.urandom(6).hex())
 
 
 def owner_of(name: str) -> tuple[int, str] | None:
@@ -158,7 +163,7 @@ def reserve(shape: tuple[int, ...], dtype: np.dtype, directory: str | None = Non
     free = free_bytes(directory)
     if not fits(total, free):
         raise _disk_full(directory, total, free)
-    path = os.path.join(directory, file_name(*own_owner(), secrets.token_hex(6)))
+    path = os.path.join(directory, new_file_name())
     fd = _write_reserved(path, header, total, directory, free_bytes)
     st = os.fstat(fd)
     with _live_lock:

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import ApsiMemoryError
 from ..machinery import ledgers
 from ..machinery.machines import machine
-from ..machinery.reading import MemoryReading
+from ..machinery.reader import MemoryReading
 from ..system import paths
 from ..units import fmt_size
 from . import inventory

@@ -4,13 +4,16 @@ The adapters (``apsi_memory.adapters``) read the kernel's files and hand plain n
 public API glues the two. Keeping the rules here, as data tables, makes every documented behaviour testable with
 integers and lets property tests check monotonicity without a machine. ``levels`` holds the pressure levels (its
 docstring is their theory of operation), ``memory`` the budget, placement, eviction, batches, memory limits and
-relief, ``batchcap`` the address-space cap ``fit_batch`` sets while a step runs, ``v2`` what only cgroup v2 has (``memory.high`` throttling, ``memory.oom.group``), ``workers`` the rules
-of Dask workers; every name is re-exported here (``decide.place``).
+relief, ``batchcap`` the address-space cap ``fit_batch`` sets while a step runs, ``v2`` what only cgroup v2 has
+(``memory.high`` throttling, ``memory.oom.group``), ``workers`` the rules of Dask workers; every name is re-exported
+here (``decide.place``), those of ``workers`` on first use.
 
 May import: nothing of ours but errors and units.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .batchcap import CAP_MARGIN_BYTES, CAP_MARGIN_SHARE, address_space_cap, cap_margin, why_not_cap
 from .levels import (
@@ -69,42 +72,54 @@ from .v2 import (
     throttle_level,
     throttled,
 )
-from .workers import (
-    CHUNKS_PER_TASK,
-    CLUSTER_MAX_IN_FLIGHT,
-    CLUSTER_TASK_S,
-    DASK_OUTSIDE_WORKERS_BYTES,
-    DASK_PAUSE_FRACTION,
-    DASK_RESUME_GAP,
-    DASK_SPILL_FRACTION,
-    DASK_SPILL_TARGET,
-    DASK_TERMINATE_FRACTION,
-    DASK_WORKER_BASE_BYTES,
-    DASK_WORKER_PROCESS_BYTES,
-    MAX_CHUNK_BYTES,
-    MAX_PAUSE_S,
-    MEMORY_SETTINGS,
-    MIN_CHUNK_BYTES,
-    P2P_BUFFER_SHARE,
-    P2P_MIN_WORKER_BYTES,
-    PAUSE_TO_TERMINATE,
-    RESUME_NEED_FACTOR,
-    PauseState,
-    PauseStep,
-    WorkerLines,
-    WorkerReading,
-    chunk_bytes,
-    cluster_blocks_in_flight,
-    cluster_blocks_per_task,
-    critical_reserve,
-    dask_settings,
-    holders_text,
-    task_need_bytes,
-    worker_lines,
-    worker_memory_limit,
-    worker_pause_cause,
-    worker_pause_step,
-)
+
+if TYPE_CHECKING:  # the Dask workers' rules load on first use: the readings and the store need none of them
+    from .workers import (
+        CHUNKS_PER_TASK,
+        CLUSTER_MAX_IN_FLIGHT,
+        CLUSTER_TASK_S,
+        DASK_OUTSIDE_WORKERS_BYTES,
+        DASK_PAUSE_FRACTION,
+        DASK_RESUME_GAP,
+        DASK_SPILL_FRACTION,
+        DASK_SPILL_TARGET,
+        DASK_TERMINATE_FRACTION,
+        DASK_WORKER_BASE_BYTES,
+        DASK_WORKER_PROCESS_BYTES,
+        MAX_CHUNK_BYTES,
+        MAX_PAUSE_S,
+        MEMORY_SETTINGS,
+        MIN_CHUNK_BYTES,
+        P2P_BUFFER_SHARE,
+        P2P_MIN_WORKER_BYTES,
+        PAUSE_TO_TERMINATE,
+        RESUME_NEED_FACTOR,
+        PauseState,
+        PauseStep,
+        WorkerLines,
+        WorkerReading,
+        chunk_bytes,
+        cluster_blocks_in_flight,
+        cluster_blocks_per_task,
+        critical_reserve,
+        dask_settings,
+        holders_text,
+        task_need_bytes,
+        worker_lines,
+        worker_memory_limit,
+        worker_pause_cause,
+        worker_pause_step,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``workers`` (the only ones of ``__all__`` not bound at import), imported on first use."""
+    if name in __all__:
+        from . import workers
+
+        return getattr(workers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ALIKE_MIN_BYTES",

@@ -27,7 +27,7 @@ threshold does not flap between two levels on every allocation.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import ArgumentError
 
@@ -93,8 +93,7 @@ _RANK = {Level.OK: 0, Level.MODERATE: 1, Level.HIGH: 2, Level.CRITICAL: 3}
 LEVELS = (Level.OK, Level.MODERATE, Level.HIGH, Level.CRITICAL)
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(NamedTuple):
     """One row of the level table. Fractions are 0..1; PSI shares are percent, as the kernel prints them."""
 
     enter_free: float  # free fraction at or below this enters the level

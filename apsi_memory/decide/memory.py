@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from ..units import fmt_size, in_one_unit
 from .levels import LEVEL_TABLE, Level, _Choice
@@ -110,8 +109,7 @@ V2_LIMIT_FILES = ("memory.max", "memory.high")
 NOT_LIMITS = ("memory.soft_limit_in_bytes", "memory.low", "memory.min")
 
 
-@dataclass(frozen=True)
-class GroupLevel:
+class GroupLevel(NamedTuple):
     """One level of a memory cgroup, the numbers as its files say them; None where a file is missing."""
 
     limits: tuple[tuple[int | None, str], ...]  # (raw value, file) of each limit file; v2's ``max`` is None
@@ -119,8 +117,7 @@ class GroupLevel:
     inactive_file: int  # from memory.stat; 0 where it is missing
 
 
-@dataclass(frozen=True)
-class GroupMemory:
+class GroupMemory(NamedTuple):
     """What a hierarchy of levels allows: the smallest limit and the least headroom up it."""
 
     limit: int | None  # None when unlimited

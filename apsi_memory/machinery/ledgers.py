@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..system import paths, trust
 from ..units import fmt_size
 from . import slots
-from .reading import MemoryReading
+from .reader import MemoryReading
 from .reservations import candidate_dirs
 
 _NAME = re.compile(r"reservations-(host|[0-9a-f]{24})")

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import TYPE_CHECKING
 
 from ..adapters.clock import Clock, SystemClock, checked_clock
 from ..adapters.cpus import core_cache_bytes
@@ -30,9 +31,14 @@ from ..decide import Level, shared_budget
 from ..errors import BudgetWarning, SizeError
 from ..units import fmt_size, parse_size
 from .held import Ledger
-from .reading import Budget, Limits, MemoryReader, MemoryReading, Pressure, SiblingReading, limits_from, pressure_from
+from .reader import MemoryReader, MemoryReading, level_from
 from .reservations import Siblings, group_key, shared
 from .tracker import Components, LevelTracker
+
+# The public readings are imported by the methods that give one: they are dataclasses, slow to define, and a store
+# needs only the level (issue 29 item 4).
+if TYPE_CHECKING:
+    from .reading import Budget, Limits, Pressure, SiblingReading
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
 CORE_CACHE_BYTES = 1 << 20  # a core's own cache where sysfs does not say: the level 2 of current x86 server cores
@@ -101,8 +107,7 @@ class Machine:
 
     def limits(self) -> Limits:
         reading = self.memory()
-        others = self.sibling_reading(reading)
-        return limits_from(reading, self.budget_from(reading, others), others)
+        return self._limits(reading, self.sibling_reading(reading))
 
     def level_and_limits(self, reserving: int = 0) -> tuple[Level, Limits]:
         """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both.
@@ -115,18 +120,22 @@ class Machine:
         if due is None:
             level = self.tracker.level
         else:  # published (and told to the components) before the budget is read, as current_level() then limits()
-            level = self.tracker.publish(due[0], pressure_from(reading, due[1]).level)
+            level = self.tracker.publish(due[0], level_from(reading, due[1]))
         if reserving and self.siblings is not None:
             self.siblings.reserve(group_key(reading), reserving, self.ledger.held() + reserving)
         others = self.sibling_reading(reading, exact=not reserving)
         self._last = reading
-        return level, limits_from(reading, self.budget_from(reading, others), others)
+        return level, self._limits(reading, others)
 
     def exact_limits(self) -> Limits:
         """``limits()`` of the reading ``level_and_limits`` last took, the siblings read exactly (only live
         processes, their reservations less what the kernel has charged since)."""
         reading = self._last or self.memory()
-        others = self.sibling_reading(reading)
+        return self._limits(reading, self.sibling_reading(reading))
+
+    def _limits(self, reading: MemoryReading, others: SiblingReading) -> Limits:
+        from .reading import limits_from
+
         return limits_from(reading, self.budget_from(reading, others), others)
 
     def release(self, reserved: int) -> None:
@@ -144,12 +153,16 @@ class Machine:
     def sibling_reading(self, reading: MemoryReading | None = None, exact: bool = True) -> SiblingReading:
         """The other processes of this user in this memory group (``siblings()``)."""
         if self.siblings is None:
+            from .reading import SiblingReading
+
             return SiblingReading()
         reading = reading or self.memory()
         return self.siblings.read(group_key(reading), exact, cap=reading.usable)  # a claim above it is nonsense
 
     def pressure(self) -> Pressure:
         """Measure now; the level uses the last one for hysteresis and the components hear of a change."""
+        from .reading import pressure_from
+
         ticket, previous = self.tracker.begin()
         reading = pressure_from(self.memory(), previous)
         self.tracker.publish(ticket, reading.level)
@@ -180,6 +193,8 @@ class Machine:
         return self.budget_from(reading)
 
     def budget_from(self, reading: MemoryReading, others: SiblingReading | None = None) -> Budget:
+        from .reading import Budget
+
         if self.budget_set is not None:
             return Budget(self.budget_set, "set by budget()")
         from_env = os.environ.get(BUDGET_ENV)
@@ -212,7 +227,7 @@ def _warn_above_usable(budget_bytes: int, usable: int, given: float | str) -> No
 
 
 def _measure_level(reader: MemoryReader, previous: Level) -> Level:
-    return pressure_from(reader.read(), previous).level
+    return level_from(reader.read(), previous)
 
 
 def cores_from(status: ProcStatus | None) -> int:

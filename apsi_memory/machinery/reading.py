@@ -1,137 +1,25 @@
-"""A reading of the memory this process really has: the host's view narrowed by its cgroup (``MemoryReading``,
-taken by a ``MemoryReader`` through the adapters), and what a ``Machine`` gives from one: ``Budget``, ``Limits``,
-``Pressure`` and ``SiblingReading`` (``status.Status`` adds the GPUs).
+"""What a ``Machine`` gives from one ``MemoryReading`` (``reader``): ``Budget``, ``Limits``, ``Pressure`` and
+``SiblingReading`` (``status.Status`` adds the GPUs).
 
 Each given reading is a frozen dataclass of plain numbers (bytes, fractions, percent) whose ``str()`` is the SPEC's
 one-line text and whose ``to_dict()`` is the JSON form the command line prints. The ``*_from`` functions build them
-from one ``MemoryReading`` and do no I/O.
+from one ``MemoryReading`` and do no I/O. ``MemoryReading``, ``MemoryReader`` and ``read_memory`` are ``reader``'s,
+named here too (the old path ``apsi_memory.measure`` is this module).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..adapters.cgroup import CgroupMemory, Layout, read_cgroup_memory, read_layout
-from ..adapters.clock import Clock, SystemClock
-from ..adapters.files import KernelFiles
-from ..adapters.procfs import MemInfo, read_meminfo
-from ..adapters.psi import Psi, read_psi
-from ..adapters.root import resolve
-from ..decide import (
-    Level,
-    alike_holders,
-    free_memory,
-    high_events_rose,
-    host_stalls_count,
-    oom_group_note,
-    pressure_cause,
-    pressure_level,
-    throttle_cause,
-    throttle_level,
-    throttled,
-    usable_memory,
-)
-from ..errors import CorruptFileError
+from ..adapters.cgroup import CgroupMemory
+from ..decide import Level, alike_holders, oom_group_note, pressure_cause, throttle_cause
 from ..units import GiB, fmt_size
+from .reader import MemoryReader, MemoryReading, read_memory, stalls_of
 
-
-@dataclass(frozen=True)
-class MemoryReading:
-    host: MemInfo
-    cgroup: CgroupMemory | None
-    psi: Psi | None
-    cgroup_problem: str | None = None  # why a group that exists was not read (the reading is the host's)
-    psi_problem: str | None = None  # why stalls are not available although a PSI file is there
-    throttled_s: float | None = None  # seconds since the group's memory.events ``high`` count last rose; None: not seen
-
-    @property
-    def limited(self) -> bool:
-        return self.cgroup is not None and self.cgroup.limit is not None and self.cgroup.limit < self.host.total
-
-    @property
-    def usable(self) -> int:
-        return usable_memory(self.host.total, self.cgroup.limit if self.limited and self.cgroup else None)
-
-    @property
-    def free(self) -> int:
-        group_free = self.cgroup.free if self.limited and self.cgroup else None
-        return free_memory(self.host.available, group_free, self.usable)
-
-    @property
-    def source(self) -> str:
-        if self.limited:
-            assert self.cgroup is not None
-            return f"container (cgroup v{self.cgroup.version})"
-        return "host"
-
-
-def _host_from_psutil() -> MemInfo:
-    """Where there is no /proc/meminfo (macOS, Windows), psutil knows the host; there are no cgroups."""
-    import psutil  # only here: on Linux its import (and subprocess's, socket's) was a third of the first reading
-
-    vm, swap = psutil.virtual_memory(), psutil.swap_memory()
-    return MemInfo(int(vm.total), int(vm.available), int(swap.total), int(swap.free))
-
-
-class MemoryReader:
-    """Takes ``MemoryReading``s of one root, keeping its kernel files open (``adapters.files``) and where the group
-    is while ``/proc/self/cgroup`` and ``mountinfo`` read the same. Limits, usage and PSI are read afresh every
-    time (a pod is resized in place). One reading at a time: readings from several threads wait for each other."""
-
-    def __init__(self, root: str | None = None, clock: Clock | None = None) -> None:
-        self.root = resolve(root)
-        self.clock: Clock = SystemClock() if clock is None else clock  # the machine's: how long throttling lasts
-        self.files = KernelFiles(self.root)
-        self._layout: Layout | None = None
-        self._lock = threading.Lock()
-        self._high: tuple[int | None, float | None] = (None, None)  # the last ``high`` count, when it last rose
-
-    def read(self) -> MemoryReading:
-        if self.files.forked():  # a lock held by a thread of the parent at fork would never be released here
-            self._lock = threading.Lock()
-        with self._lock:
-            self._layout = layout = read_layout(self.files, self._layout)
-            return self._throttling(_reading(self.files, layout))
-
-    def _throttling(self, reading: MemoryReading) -> MemoryReading:
-        """``reading`` with how long ago its ``high`` count last rose, as this reader has seen it: a count
-        already there at the first reading tells nothing of now."""
-        count = reading.cgroup.high_events if reading.cgroup is not None else None
-        before, rose_at = self._high
-        now = self.clock.now()
-        rose_at = now if high_events_rose(before, count) else rose_at
-        self._high = count, rose_at if count is not None else None
-        if count is None or rose_at is None:
-            return reading
-        return dataclasses.replace(reading, throttled_s=now - rose_at)
-
-    def close(self) -> None:
-        with self._lock:  # not under a reading another thread is taking
-            self.files.close()
-
-
-def read_memory(root: str | None = None) -> MemoryReading:
-    """One reading, opening and closing its files (a ``Machine`` keeps a ``MemoryReader`` instead)."""
-    reader = MemoryReader(root)
-    try:
-        return reader.read()
-    finally:
-        reader.close()
-
-
-def _reading(files: KernelFiles, layout: Layout) -> MemoryReading:
-    host = read_meminfo(files) or _host_from_psutil()
-    group = read_cgroup_memory(host.total, files, layout)
-    try:
-        psi, psi_problem = read_psi(files, layout), None
-    except CorruptFileError as exc:  # a stall reading we cannot parse must never hide the memory limit
-        psi, psi_problem = None, str(exc)
-    if isinstance(group, str):
-        return MemoryReading(host, None, psi, group, psi_problem)
-    return MemoryReading(host, group, psi, None, psi_problem)
+__all__ = ["Budget", "Limits", "MemoryReader", "MemoryReading", "Pressure", "Reading", "Sibling", "SiblingReading",
+           "limits_from", "pressure_from", "read_memory"]
 
 
 class Reading:
@@ -325,25 +213,11 @@ class Pressure(Reading):
 
 
 def pressure_from(reading: MemoryReading, previous: Level) -> Pressure:
-    fraction = reading.free / reading.usable if reading.usable else 0.0
     psi = reading.psi
     some, full, source = (None, None, None) if psi is None else (psi.some, psi.full, psi.source)
-    ignored = _stalls_ignored(reading, previous)
-    counted_some, counted_full = (None, None) if ignored else (some, full)
-    signals = pressure_level(fraction, counted_some, counted_full, previous)
-    held = throttled(reading.throttled_s)
-    level = throttle_level(signals, held)
-    cause = pressure_cause(signals, fraction, counted_some, counted_full) if signals == level else None
-    return Pressure(level, reading.free, reading.usable, fraction, some, full, source, throttle_cause(cause, held),
-                    reading.psi_problem, ignored, reading.throttled_s if held else None,
-                    reading.cgroup.oom_group if reading.cgroup else None)
-
-
-def _stalls_ignored(reading: MemoryReading, previous: Level) -> str | None:
-    if reading.psi is None:
-        return None
-    host = reading.host
-    host_free = host.available / host.total if host.total else 0.0
-    if host_stalls_count(reading.psi.host_wide, host_free, previous=previous):
-        return None
-    return f"host-wide, not counted: the host has {host_free:.0%} free"
+    stalls = stalls_of(reading, previous)
+    cause = (pressure_cause(stalls.signals, stalls.fraction, stalls.some, stalls.full)
+             if stalls.signals == stalls.level else None)
+    return Pressure(stalls.level, reading.free, reading.usable, stalls.fraction, some, full, source,
+                    throttle_cause(cause, stalls.held), reading.psi_problem, stalls.ignored,
+                    reading.throttled_s if stalls.held else None, reading.cgroup.oom_group if reading.cgroup else None)

@@ -47,11 +47,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import UnsafePathError
 from ..system import paths, trust
 from ..system.once import each, fork_hooks, once
-from .reading import MemoryReading, Sibling, SiblingReading
+from .reader import MemoryReading
 from .slots import (
     FILE_BYTES,
     FREE,
@@ -72,6 +73,9 @@ from .slots import (
     unlock,
 )
 from .slots import held as slot_held
+
+if TYPE_CHECKING:  # imported where the siblings are read: a dataclass, slow to define, that a store never needs
+    from .reading import SiblingReading
 
 log = logging.getLogger("apsi_memory.siblings")  # the documented logger name (docs: "What it logs")
 CHECK_EVERY = 1.0  # seconds: how often a process holding a slot asks whether its file was removed or replaced
@@ -164,7 +168,7 @@ class Siblings:
         self._mine = Record(self._pid, 0, 0, 0, 0)
         self._statm = Statm(self._root)
         self._parsed = Parsed()
-        self._rough: tuple[object, bytes, SiblingReading] = ("", b"", SiblingReading())  # (key, cap), bytes, bound
+        self._rough: tuple[object, bytes, SiblingReading] | None = None  # (key, cap), bytes, bound
         self._rss: Callable[[int, int], int | None] = (
             self._statm.anon_rss if rss is None else lambda pid, start: rss(pid))
 
@@ -290,33 +294,35 @@ class Siblings:
         ``statm`` pread per used slot. Not ``exact``: only the pread, every intact record counted in full, alive
         or not — an upper bound, enough when the answer is RAM even so. ``cap``: the group's usable memory; a
         claim above it is nonsense, counted as ``cap`` (and said once)."""
+        from .reading import SiblingReading
         with self._lock:
             found = SiblingReading()
             try:
                 self._check_fork()
-                found = self._read(key, exact, cap)
+                found = self._read(key, exact, cap) or found  # None: no ledger file
             except OSError as exc:
                 self._give_up(key, exc)
         if self.on_step is not None:
             self.on_step("read")
         return found
 
-    def _read(self, key: str, exact: bool, cap: int | None) -> SiblingReading:
+    def _read(self, key: str, exact: bool, cap: int | None) -> SiblingReading | None:
         fd = self._file(key)
         if fd is None:
-            return SiblingReading()
+            return None
         data = os.pread(fd, FILE_BYTES, 0)
         own = self._slot if key == self._key else None  # never our own: its lock is ours, so it would seem dead
         if exact:
             return self._tally(fd, data, own, self.path(key), exact, cap)
         # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
         others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
-        if self._rough[:2] != ((key, cap), others):
+        if self._rough is None or self._rough[:2] != ((key, cap), others):
             self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), exact, cap))
         return self._rough[2]
 
     def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool,
                cap: int | None) -> SiblingReading:
+        from .reading import Sibling, SiblingReading
         each: list[Sibling] = []
         ignored: list[str] = []
         seen = {(self._pid, self._mine.start)}

@@ -12,7 +12,6 @@ Nothing here creates a folder: callers that write use ``private_dir`` (0700, cre
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 from ..errors import ArgumentError
@@ -46,6 +45,8 @@ def runtime_dir() -> str | None:
 def ledger_name(version: int, directory: str) -> str:
     """The reservation ledger's file name for the memory group at ``directory`` (``CgroupMemory.binding``) of
     cgroup ``version``: a hash, since the folder's path may be long and holds ``/``."""
+    import hashlib  # here, with the first ledger: it loads OpenSSL, which a first reading or array need not
+
     return "reservations-" + hashlib.sha256(f"v{version}:{directory}".encode()).hexdigest()[:24]
 
 
