@@ -215,6 +215,29 @@ def test_a_cached_image_runs_without_root_or_apt(tmp_path: Path) -> None:
     assert _script(VM, "make-image.sh", "--check", env=env).returncode == 1
 
 
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the other skip reasons come after the architecture's")
+def test_apt_waits_for_a_lock_another_apt_holds_instead_of_failing(tmp_path: Path) -> None:
+    """Two CI runs at once (or unattended-upgrades) hold dpkg's lock for a while: apt-get without a lock timeout
+    failed at once ('Could not get lock /var/lib/dpkg/lock-frontend'), and the VM step with it. The stub apt-get
+    fails so unless told to wait for the lock; the cached image's missing qemu is then installed."""
+    stub = ('case "$*" in *DPkg::Lock::Timeout=*) echo "$*" >> "$APT_CALLS" ;; '
+            '*) echo "E: Could not get lock /var/lib/dpkg/lock-frontend" >&2; exit 100 ;; esac')
+    calls = tmp_path / "apt-calls"
+    env = {"PATH": _path_with(tmp_path, {"id": "echo 0", "apt-get": stub, "apt-cache": "exit 0"}, TOOLS),
+           "APSI_VM_CACHE": str(tmp_path / "cache"), "APSI_VM_KERNEL": KERNEL, "APT_CALLS": str(calls)}
+    image = tmp_path / "cache" / _key(VM)
+    image.mkdir(parents=True)
+    for name in ("vmlinux", "initrd-base.cpio.gz", "root.ext4"):
+        (image / name).write_bytes(b"")
+    made = _script(VM, "make-image.sh", env=env)
+    assert made.returncode == 0 and made.stdout.strip() == str(image), made.stdout + made.stderr
+    assert "install" in calls.read_text()  # qemu was asked for, waiting for the lock
+    (tmp_path / "bin" / "apt-get").write_text("#!/bin/sh\nexit 100\n")  # an apt that cannot install, for good
+    failed = _script(VM, "make-image.sh", env=env)
+    assert failed.returncode != 0 and "could not install qemu-system-x86" in failed.stderr, failed.stderr
+    assert failed.stdout == ""  # no image path printed: ci.sh does not boot without qemu
+
 # -- a busy host: the tests' timeouts (the guest's too) stretch with the host's load ------------------------------------
 
 @pytest.mark.parametrize(("given", "factor"), [("3.5", 3.5), ("0.2", 1.0), ("", 1.0), ("fast", 1.0), ("nan", 1.0),

@@ -27,6 +27,10 @@ INPUTS=(make-image.sh guest/init packages.txt wheels.txt)   # relative to vm/: w
 HOST_PACKAGES=(qemu-system-x86 mmdebstrap busybox-static cpio lz4 e2fsprogs)
 export DEBIAN_FRONTEND=noninteractive
 
+# Another apt (a second CI job, unattended-upgrades) may hold dpkg's lock: wait for it, as long as an install of
+# the host packages takes at load 15, instead of failing at once ('Could not get lock /var/lib/dpkg/lock-frontend').
+apt_get() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
+
 kernel_package() {  # "linux-image-<abi>-cloud-amd64 <version>": what apt would install now; empty if it cannot say
     if [ -n "${APSI_VM_KERNEL:-}" ]; then echo "$APSI_VM_KERNEL"; return; fi
     command -v apt-cache >/dev/null || return 0
@@ -88,8 +92,9 @@ kernel=$(kernel_package)
 if [ -n "$kernel" ] && image_complete "$CACHE/$(image_key "$kernel")"; then
     echo "make-image: cached, $CACHE/$(image_key "$kernel")" >&2
     if ! command -v qemu-system-x86_64 >/dev/null; then  # root here (can_run): the image is cached, qemu is not
-        apt-get install -y -q --no-install-recommends qemu-system-x86 >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends qemu-system-x86 >/dev/null; }
+        qemu=(install -y -q --no-install-recommends qemu-system-x86)
+        apt_get "${qemu[@]}" >/dev/null 2>&1 || { apt_get update -q >/dev/null && apt_get "${qemu[@]}" >/dev/null; } \
+            || { echo "make-image: apt could not install qemu-system-x86 for the cached image" >&2; exit 5; }
     fi
     echo "$CACHE/$(image_key "$kernel")"
     exit 0
@@ -105,9 +110,9 @@ stage() {  # stage NAME: print and record the seconds since the previous stage
     TL=$now
 }
 
-apt-get update -q >/dev/null
-apt-get install -y -q --no-install-recommends "${HOST_PACKAGES[@]}" >/dev/null
-python3 -m pip --version >/dev/null 2>&1 || apt-get install -y -q --no-install-recommends python3-pip >/dev/null
+apt_get update -q >/dev/null
+apt_get install -y -q --no-install-recommends "${HOST_PACKAGES[@]}" >/dev/null
+python3 -m pip --version >/dev/null 2>&1 || apt_get install -y -q --no-install-recommends python3-pip >/dev/null
 stage "host packages + apt lists"
 kernel=$(kernel_package)   # again, after apt-get update: the kernel apt installs now
 [ -n "$kernel" ] || { echo "make-image: apt does not know linux-image-cloud-amd64" >&2; exit 4; }
