@@ -249,6 +249,41 @@ def test_of_two_placements_at_once_at_least_one_sees_the_other(tmp_path):
     assert "SSD" in (mine, done[1])
 
 
+def warm(m: Machine) -> None:
+    """One placement and its free: the machine's slot is claimed and its file known (the placement's fast path:
+    no check of the file, one pwrite, one pread), it saw no sibling, and it reserves nothing any more."""
+    with m.use():
+        memory.free(memory.array(ARRAY, "uint8"))
+        assert m.siblings is not None and m.siblings.own().reserved == 0
+
+
+def test_a_sibling_that_came_after_our_last_reading_is_seen_by_our_next_placement(tmp_path):
+    """Issue 29 item 2: a placement is cheap because it takes no more than one pread of the ledger, not because a
+    process that saw no sibling last time skips reading. The other process arrives (and places) between our last
+    reading, which saw nobody, and our next placement: that placement still reads, sees it, and goes to the SSD."""
+    ours, other = machines(tmp_path)
+    warm(ours)
+    assert place(other) == "RAM"  # alone when it placed: ours had nothing reserved
+    assert place(ours) == "SSD"  # with the other's 1.8 GiB reserved, 70 % of 1.2 GiB is too little
+
+
+@pytest.mark.parametrize("step", ["published", "read"])
+def test_of_two_placements_at_once_at_least_one_sees_the_other_on_the_fast_path(tmp_path, step):
+    """The rule of ``test_of_two_placements_at_once_at_least_one_sees_the_other`` once ours has placed before and
+    saw no sibling (its fast path): the other process's whole placement runs right after ours's ``step``."""
+    ours, other = machines(tmp_path)
+    warm(ours)
+    done: list[str] = []
+
+    def between(at: str) -> None:
+        if at == step and not done:
+            done.append(place(other))
+    ours.siblings.on_step = between  # type: ignore[union-attr]
+    mine = place(ours)
+    print(f"\nafter {step}: ours {mine}, the other {done}")
+    assert done and "SSD" in (mine, done[0])
+
+
 # -- item 13: the last user removes the file ---------------------------------------------------------------------
 
 def test_the_last_user_of_a_ledger_file_removes_it_and_only_it(tmp_path):

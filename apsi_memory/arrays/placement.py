@@ -63,8 +63,7 @@ import numpy as np
 from ..decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from ..errors import ArgumentError, ArgumentTypeError, NotFreedWarning
 from ..machinery.held import Ledger
-from ..machinery.machines import machine
-from ..machinery.reading import Limits
+from ..machinery.machines import Room, machine
 from ..units import fmt_size
 from . import moving, npyfiles, sending, spill
 
@@ -94,6 +93,20 @@ class ArrayRecord(NamedTuple):
         return f"{list(self.shape)} {self.dtype} {fmt_size(self.nbytes, 3)} {where} — {self.why}"
 
 
+class Reason(NamedTuple):
+    """``place_reason``'s arguments, whose ``str()`` is its words: made only when ``report()`` (or the debug log)
+    asks, since most arrays are never reported and the words cost more than the rest of the decision."""
+
+    nbytes: int
+    left: int
+    budget: int
+    level: Level
+
+    def __str__(self) -> str:
+        return place_reason(*self)
+
+
+Why = str | Reason
 _T = TypeVar("_T", bound="_Tracked")
 
 
@@ -102,19 +115,19 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
     what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "moved", "note", "path", "place",
-                 "shape", "why")
+    __slots__ = ("_why", "address", "array", "dtype", "freed", "key", "ledger", "length", "moved", "note", "path",
+                 "place", "shape")
 
     def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
         return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
 
-    def __init__(self, owner: Any, x: np.ndarray, place: Place, why: str, path: str | None = None, address: int = 0,
+    def __init__(self, owner: Any, x: np.ndarray, place: Place, why: Why, path: str | None = None, address: int = 0,
                  length: int = 0, ledger: Ledger | None = None) -> None:
         self.key = id(owner)  # (weakref.ref.__init__ only checks the arguments __new__ already took)
         self.shape: tuple[int, ...] = x.shape
         self.dtype = x.dtype
         self.place = place
-        self.why = why
+        self._why = why
         self.path = path
         # Holding the returned array strongly would keep the memory alive; a small array is its own owner.
         self.array: Any = self if x is owner else weakref.ref(x)
@@ -124,6 +137,14 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
         self.freed = False
         self.note = ""  # why it stayed in RAM when it could not move, or that it moved only in part (moving.py)
         self.moved = 0  # bytes from the start moved to the spill file: 0 < moved < length while partly moved
+
+    @property
+    def why(self) -> str:
+        return str(self._why)  # a placement's words are made here, when asked for (``Reason``)
+
+    @why.setter
+    def why(self, why: str) -> None:
+        self._why = why
 
     @property
     def nbytes(self) -> int:
@@ -242,26 +263,25 @@ def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_b
     return max(0, min(budget_bytes - held_bytes, free_bytes - unwritten_bytes))
 
 
-def _where(nbytes: int) -> tuple[Place, str]:
+def _where(nbytes: int) -> tuple[Place, Reason]:
     """``place`` with the budget left, and ``place_reason``. ``nbytes`` is published to the siblings first; their
     entries are read as an upper bound, and exactly only when that says SSD."""
     m = machine()
-    level, reading = m.level_and_limits(reserving=nbytes)  # the level (when due), budget and free from one reading
-    where, why = _decide(nbytes, level, reading, m.ledger.held())
-    if where is Place.SSD and reading.siblings:
-        where, why = _decide(nbytes, level, m.exact_limits(), m.ledger.held())
+    level, room = m.level_and_room(reserving=nbytes)  # the level (when due), budget and free from one reading
+    where, why = _decide(nbytes, level, room, m.ledger.held())
+    if where is Place.SSD and room.siblings:
+        where, why = _decide(nbytes, level, m.exact_room(), m.ledger.held())
     if where is Place.SSD:
         m.release(nbytes)
     return where, why
 
 
-def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Place, str]:
+def _decide(nbytes: int, level: Level, room: Room, held: int) -> tuple[Place, Reason]:
     """How much of our arrays is still unwritten is only looked up (one ``mincore`` per RAM array) when the
     answer depends on it: between "all written" and "none written"."""
-    free = reading.free_bytes - reading.siblings_reserved_bytes  # the siblings' placed, not yet charged, arrays
 
     def left(unwritten: int) -> int:
-        return budget_left(reading.budget_bytes, held, free, unwritten)
+        return budget_left(room.budget_bytes, held, room.free_bytes, unwritten)
 
     if place(nbytes, left(0), level) is Place.SSD:
         unwritten = 0
@@ -269,7 +289,7 @@ def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Plac
         unwritten = held
     else:
         unwritten = held - _resident_in_ram()
-    return place(nbytes, left(unwritten), level), place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
+    return place(nbytes, left(unwritten), level), Reason(nbytes, left(unwritten), room.budget_bytes, level)
 
 
 def ram_entries(ledger: Ledger | None = None) -> list[_Tracked]:
@@ -303,7 +323,7 @@ def anonymous_memory(nbytes: int) -> mmap.mmap:
     return buffer
 
 
-def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) -> np.ndarray:
+def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: Why) -> np.ndarray:
     buffer = anonymous_memory(nbytes)
     x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
     m = machine()
@@ -314,7 +334,7 @@ def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) 
     return x
 
 
-def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: str) -> np.memmap:
+def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: Why) -> np.memmap:
     return _track_file(spill.create(shape, dtype), why)
 
 
@@ -347,7 +367,7 @@ def publish(pending: npyfiles.Pending, x: np.ndarray) -> None:
 _KEPT_WHY = "asked for a file of its own (path=): apsi_memory never deletes it"
 
 
-def _track_file(x: np.memmap, why: str, path: str | None = None) -> np.memmap:
+def _track_file(x: np.memmap, why: Why, path: str | None = None) -> np.memmap:
     mapping = x._mmap  # type: ignore[attr-defined]  # numpy.memmap's own mmap: the owner of the pages
     # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
     start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY

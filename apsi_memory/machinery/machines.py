@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import NamedTuple
 
 from ..adapters.clock import Clock, SystemClock, checked_clock
 from ..adapters.procfs import ProcStatus, read_proc_status
@@ -34,6 +35,16 @@ from .reservations import Siblings, group_key, shared
 from .tracker import Components, LevelTracker
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
+_NO_SIBLINGS = SiblingReading()
+
+
+class Room(NamedTuple):
+    """What a placement reads (``Machine.level_and_room``): the RAM budget, the memory free less what the siblings
+    reserved (placed in RAM, not yet charged), and how many siblings were counted."""
+
+    budget_bytes: int
+    free_bytes: int
+    siblings: int
 
 
 class Machine:
@@ -64,7 +75,7 @@ class Machine:
         self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify,
                                     self.components.hear)
         self.budget_set: int | None = None  # set by budget(); None: the default
-        self._last: MemoryReading | None = None  # the reading level_and_limits took last
+        self._last: MemoryReading | None = None  # the reading level_and_room took last
 
     @property
     def root(self) -> str:
@@ -102,33 +113,42 @@ class Machine:
         others = self.sibling_reading(reading)
         return limits_from(reading, self.budget_from(reading, others), others)
 
-    def level_and_limits(self, reserving: int = 0) -> tuple[Level, Limits]:
-        """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both.
-        ``reserving``: bytes about to be placed in RAM, published to the siblings before their entries are read,
-        so of two processes placing at once at least one sees the other (``release`` takes it back); their
-        entries are then read as an upper bound (``exact_limits`` reads them exactly, when the answer depends
-        on it)."""
+    def level_and_room(self, reserving: int = 0) -> tuple[Level, Room]:
+        """``current_level()`` and the ``Room`` for a placement, from one reading. ``reserving``: bytes about to be
+        placed in RAM, published to the siblings before their entries are read, so of two processes placing at once
+        at least one sees the other (``release`` takes it back); their entries are then read as an upper bound
+        (``exact_room`` reads them exactly, when the answer depends on it). No ``Limits`` is built: a placement
+        needs three of its numbers."""
         due = self.tracker.due()
         reading = self.memory()
         if due is None:
             level = self.tracker.level
         else:  # published (and told to the components) before the budget is read, as current_level() then limits()
             level = self.tracker.publish(due[0], pressure_from(reading, due[1]).level)
-        if reserving and self.siblings is not None:
-            self.siblings.reserve(group_key(reading), reserving, self.ledger.held() + reserving)
-        others = self.sibling_reading(reading, exact=not reserving)
+        others = self._placing(reading, reserving)
         self._last = reading
-        return level, limits_from(reading, self.budget_from(reading, others), others)
+        return level, self._room(reading, others)
 
-    def exact_limits(self) -> Limits:
-        """``limits()`` of the reading ``level_and_limits`` last took, the siblings read exactly (only live
+    def _placing(self, reading: MemoryReading, reserving: int) -> SiblingReading:
+        """Publish ``reserving`` (if any), then read the siblings: exactly, or as an upper bound after publishing."""
+        if self.siblings is None:
+            return _NO_SIBLINGS
+        key = group_key(reading)
+        if reserving:
+            self.siblings.reserve(key, reserving, self.ledger.held() + reserving)
+        return self.siblings.read(key, exact=not reserving, cap=reading.usable)
+
+    def exact_room(self) -> Room:
+        """The ``Room`` of the reading ``level_and_room`` last took, the siblings read exactly (only live
         processes, their reservations less what the kernel has charged since)."""
         reading = self._last or self.memory()
-        others = self.sibling_reading(reading)
-        return limits_from(reading, self.budget_from(reading, others), others)
+        return self._room(reading, self.sibling_reading(reading))
+
+    def _room(self, reading: MemoryReading, others: SiblingReading) -> Room:
+        return Room(self.budget_from(reading, others).bytes, reading.free - others.reserved_bytes, others.processes)
 
     def release(self, reserved: int) -> None:
-        """Take back a reservation ``level_and_limits(reserving=…)`` published for an array that went elsewhere."""
+        """Take back a reservation ``level_and_room(reserving=…)`` published for an array that went elsewhere."""
         if self.siblings is not None and self.siblings.key is not None:
             self.siblings.settle(self.siblings.key, self.ledger.held(), reserved)
 
@@ -142,7 +162,7 @@ class Machine:
     def sibling_reading(self, reading: MemoryReading | None = None, exact: bool = True) -> SiblingReading:
         """The other processes of this user in this memory group (``siblings()``)."""
         if self.siblings is None:
-            return SiblingReading()
+            return _NO_SIBLINGS
         reading = reading or self.memory()
         return self.siblings.read(group_key(reading), exact, cap=reading.usable)  # a claim above it is nonsense
 

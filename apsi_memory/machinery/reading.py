@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -94,19 +95,17 @@ class MemoryReader:
             self._lock = threading.Lock()
         with self._lock:
             self._layout = layout = read_layout(self.files, self._layout)
-            return self._throttling(_reading(self.files, layout))
+            return _reading(self.files, layout, self._throttled)
 
-    def _throttling(self, reading: MemoryReading) -> MemoryReading:
-        """``reading`` with how long ago its ``high`` count last rose, as this reader has seen it: a count
-        already there at the first reading tells nothing of now."""
-        count = reading.cgroup.high_events if reading.cgroup is not None else None
+    def _throttled(self, cgroup: CgroupMemory | None) -> float | None:
+        """Seconds since the group's ``high`` count last rose, as this reader has seen it (None: not seen rising):
+        a count already there at the first reading tells nothing of now."""
+        count = cgroup.high_events if cgroup is not None else None
         before, rose_at = self._high
         now = self.clock.now()
         rose_at = now if high_events_rose(before, count) else rose_at
         self._high = count, rose_at if count is not None else None
-        if count is None or rose_at is None:
-            return reading
-        return dataclasses.replace(reading, throttled_s=now - rose_at)
+        return None if count is None or rose_at is None else now - rose_at
 
     def close(self) -> None:
         with self._lock:  # not under a reading another thread is taking
@@ -122,7 +121,8 @@ def read_memory(root: str | None = None) -> MemoryReading:
         reader.close()
 
 
-def _reading(files: KernelFiles, layout: Layout) -> MemoryReading:
+def _reading(files: KernelFiles, layout: Layout,
+             throttled: Callable[[CgroupMemory | None], float | None]) -> MemoryReading:
     host = read_meminfo(files) or _host_from_psutil()
     group = read_cgroup_memory(host.total, files, layout)
     try:
@@ -130,8 +130,8 @@ def _reading(files: KernelFiles, layout: Layout) -> MemoryReading:
     except CorruptFileError as exc:  # a stall reading we cannot parse must never hide the memory limit
         psi, psi_problem = None, str(exc)
     if isinstance(group, str):
-        return MemoryReading(host, None, psi, group, psi_problem)
-    return MemoryReading(host, group, psi, None, psi_problem)
+        return MemoryReading(host, None, psi, group, psi_problem, throttled(None))
+    return MemoryReading(host, group, psi, None, psi_problem, throttled(group))
 
 
 class Reading:

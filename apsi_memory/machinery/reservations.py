@@ -215,6 +215,9 @@ class Siblings:
     # -- the file ------------------------------------------------------------------------------------------------
 
     def _file(self, key: str) -> int | None:
+        known = self._files.get(key)
+        if known is not None and key == self._key and self._slot is not None and time.monotonic() < self._check_at:
+            return known[0]  # our slot's file, not due for a check: every placement comes here
         if key in self._off:
             return None
         if self._folder is False:
@@ -223,7 +226,6 @@ class Siblings:
             self._folder = _open_folder(self._directories or candidate_dirs())
         if not isinstance(self._folder, tuple):
             return None
-        known = self._files.get(key)
         if known is not None and self._still(key, known[1]):
             return known[0]
         if known is not None:  # removed by its last user, or replaced: this process's record goes to the new one
@@ -249,11 +251,9 @@ class Siblings:
 
     def _still(self, key: str, opened: tuple[int, int]) -> bool:
         """Whether ``key`` still names the file opened: asked at once where this process holds no slot in it, else
-        at most every ``CHECK_EVERY`` seconds (only someone else removes a file in which a live slot remains)."""
-        now = time.monotonic()
-        if key == self._key and self._slot is not None and now < self._check_at:
-            return True
-        self._check_at = now + CHECK_EVERY
+        at most every ``CHECK_EVERY`` seconds (``_file``; only someone else removes a file in which a live slot
+        remains)."""
+        self._check_at = time.monotonic() + CHECK_EVERY
         return self._current(key, opened)
 
     def _current(self, key: str, opened: tuple[int, int]) -> bool:
@@ -399,6 +399,9 @@ class Siblings:
     def _write(self, key: str, fd: int | None) -> None:
         """Write our record in our slot, claiming one first; a file removed between opening and claiming (its
         last user left) is opened anew, once."""
+        if fd is not None and self._slot is not None:  # our slot, claimed: every publish but the first
+            os.pwrite(fd, pack_record(self._mine), self._slot * SLOT_BYTES)
+            return
         for _ in range(2):
             claiming = self._slot is None
             if fd is None or not self._claimed(key, fd):
