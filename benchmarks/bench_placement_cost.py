@@ -41,10 +41,10 @@ def one():
 for _ in range(50):
     one()
 for line in sys.stdin:
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(int(line)):
         one()
-    print(time.perf_counter() - started, flush=True)
+    print(time.perf_counter() - started, time.process_time() - cpu, flush=True)
 """
 
 
@@ -67,12 +67,13 @@ class Worker:
             raise RuntimeError(f"the worker ended with {self.process.wait()}")
         return line.strip()
 
-    def time(self, count: int) -> float:
-        """Seconds for ``count`` placements."""
+    def time(self, count: int) -> tuple[float, float]:
+        """Seconds for ``count`` placements: on the clock, and of this worker's CPU time."""
         assert self.process.stdin is not None
         self.process.stdin.write(f"{count}\n")
         self.process.stdin.flush()
-        return float(self._line())
+        wall, cpu = self._line().split()
+        return float(wall), float(cpu)
 
     def close(self) -> None:
         assert self.process.stdin is not None
@@ -110,21 +111,26 @@ PAIRS = [("alone", "baseline alone"), ("16 siblings", "baseline alone"), ("16 si
 
 def test_placement_cost(benchmark: Any, workers: dict[str, Worker]) -> None:
     names = list(workers)
-    rounds: list[dict[str, float]] = []
+    rounds: list[dict[str, tuple[float, float]]] = []
 
     def one_round() -> None:
         turn = len(rounds) % len(names)
-        took = {name: workers[name].time(COUNT) for name in names[turn:] + names[:turn]}
-        rounds.append(took)
+        rounds.append({name: workers[name].time(COUNT) for name in names[turn:] + names[:turn]})
 
     benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     counted = rounds[1:]
-    print(f"\n2 MiB memory.array + free, {len(counted)} rounds of {COUNT}, load {os.getloadavg()[0]:.1f}:")
+    print(f"\n2 MiB memory.array + free, {len(counted)} rounds of {COUNT}, load {os.getloadavg()[0]:.1f} "
+          "(µs: medians; ratios: medians of the rounds' paired ratios, on the clock and in CPU time, which a "
+          "loaded machine disturbs less):")
     for name in names:
-        print(f"{name:>16}: {statistics.median(r[name] for r in counted) / COUNT * 1e6:7.1f} µs (median)")
+        print(f"{name:>16}: {statistics.median(r[name][0] for r in counted) / COUNT * 1e6:7.1f} µs, "
+              f"CPU {statistics.median(r[name][1] for r in counted) / COUNT * 1e6:6.1f} µs")
     for new, old in PAIRS:
-        found = [r[new] / r[old] for r in counted]
-        quartiles = statistics.quantiles(found, n=4)
-        ratio = statistics.median(found)
-        benchmark.extra_info[f"{new} / {old}"] = round(ratio, 3)
-        print(f"{new:>16} / {old}: median ratio {ratio:.3f}x (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f})")
+        line = f"{new:>16} / {old}:"
+        for clock, label in ((0, "clock"), (1, "CPU")):
+            found = [r[new][clock] / r[old][clock] for r in counted]
+            quartiles = statistics.quantiles(found, n=4)
+            ratio = statistics.median(found)
+            benchmark.extra_info[f"{new} / {old} ({label})"] = round(ratio, 3)
+            line += f" {label} {ratio:.3f}x ({quartiles[0]:.3f}-{quartiles[2]:.3f})"
+        print(line)

@@ -133,10 +133,10 @@ class Machine:
         """Publish ``reserving`` (if any), then read the siblings: exactly, or as an upper bound after publishing."""
         if self.siblings is None:
             return _NO_SIBLINGS
-        key = group_key(reading)
         if reserving:
-            self.siblings.reserve(key, reserving, self.ledger.held() + reserving)
-        return self.siblings.read(key, exact=not reserving, cap=reading.usable)
+            return self.siblings.reserve_and_read(group_key(reading), reserving, self.ledger.held() + reserving,
+                                                  reading.usable)
+        return self.siblings.read(group_key(reading), cap=reading.usable)
 
     def exact_room(self) -> Room:
         """The ``Room`` of the reading ``level_and_room`` last took, the siblings read exactly (only live

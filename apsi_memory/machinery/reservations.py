@@ -309,10 +309,13 @@ class Siblings:
         own = self._slot if key == self._key else None  # never our own: its lock is ours, so it would seem dead
         if exact:
             return self._tally(fd, data, own, self.path(key), exact, cap)
+        return self._upper_bound(key, cap, fd, data, own)
+
+    def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes, own: int | None) -> SiblingReading:
         # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
         others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
         if self._rough[:2] != ((key, cap), others):
-            self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), exact, cap))
+            self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), False, cap))
         return self._rough[2]
 
     def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool,
@@ -424,6 +427,35 @@ class Siblings:
                 self._give_up(key, exc)
         if self.on_step is not None:
             self.on_step("published")
+
+    def reserve_and_read(self, key: str, more: int, held: int, cap: int | None) -> SiblingReading:
+        """A placement's two steps, in this order: ``reserve(key, more, held)``, then ``read(key, exact=False,
+        cap=cap)``; published before read, so of two placements at once at least one sees the other. Where this
+        process's slot in ``key``'s file is held and not due for its check (every placement but the first of each
+        second), flat: one ``statm`` read, one ``pwrite``, one ``pread`` (issue 29: the steps' layers cost more
+        than their system calls)."""
+        with self._lock:
+            fd, slot = self._files.get(key), self._slot
+            mine, rss = self._mine, None
+            if fd is not None and slot is not None and key == self._key and time.monotonic() < self._check_at \
+                    and self._real_pid == os.getpid():
+                rss = self._rss(self._pid, mine.start)
+            if rss is None:  # the first placement, a check due, another group, a fork, no statm: step by step
+                self.reserve(key, more, held)
+                return self.read(key, False, cap)
+            assert fd is not None and slot is not None
+            try:
+                self._mine = Record(mine.pid, mine.start, outstanding(mine.reserved, mine.rss, rss) + more, held, rss)
+                os.pwrite(fd[0], pack_record(self._mine), slot * SLOT_BYTES)
+                if self.on_step is not None:
+                    self.on_step("published")
+                found = self._upper_bound(key, cap, fd[0], os.pread(fd[0], FILE_BYTES, 0), slot)
+            except OSError as exc:
+                self._give_up(key, exc)
+                found = SiblingReading()
+        if self.on_step is not None:
+            self.on_step("read")
+        return found
 
     def settle(self, key: str, held: int, less: int = 0) -> None:
         """Publish ``held``, with the reservation less ``less`` and never more than ``held`` (unwritten pages
