@@ -435,21 +435,17 @@ class Siblings:
         second), flat: one ``statm`` read, one ``pwrite``, one ``pread`` (issue 29: the steps' layers cost more
         than their system calls)."""
         with self._lock:
-            fd, slot = self._files.get(key), self._slot
-            mine, rss = self._mine, None
-            if fd is not None and slot is not None and key == self._key and time.monotonic() < self._check_at \
-                    and self._real_pid == os.getpid():
-                rss = self._rss(self._pid, mine.start)
-            if rss is None:  # the first placement, a check due, another group, a fork, no statm: step by step
+            at, mine = self._flat(key), self._mine
+            rss = None if at is None else self._rss(self._pid, mine.start)
+            if at is None or rss is None:  # the first placement, a check due, another group, a fork, no statm
                 self.reserve(key, more, held)
                 return self.read(key, False, cap)
-            assert fd is not None and slot is not None
+            fd, slot = at
             try:
-                self._mine = Record(mine.pid, mine.start, outstanding(mine.reserved, mine.rss, rss) + more, held, rss)
-                os.pwrite(fd[0], pack_record(self._mine), slot * SLOT_BYTES)
+                self._put(at, outstanding(mine.reserved, mine.rss, rss) + more, held, rss)
                 if self.on_step is not None:
                     self.on_step("published")
-                found = self._upper_bound(key, cap, fd[0], os.pread(fd[0], FILE_BYTES, 0), slot)
+                found = self._upper_bound(key, cap, fd, os.pread(fd, FILE_BYTES, 0), slot)
             except OSError as exc:
                 self._give_up(key, exc)
                 found = SiblingReading()
@@ -457,16 +453,34 @@ class Siblings:
             self.on_step("read")
         return found
 
+    def _flat(self, key: str) -> tuple[int, int] | None:
+        """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: the slot is held, its
+        file not due for its check, and this is the process that opened it (else None: step by step)."""
+        known, slot = self._files.get(key), self._slot
+        if known is None or slot is None or key != self._key or time.monotonic() >= self._check_at \
+                or self._real_pid != os.getpid():
+            return None
+        return known[0], slot
+
+    def _put(self, at: tuple[int, int], reserved: int, held: int, rss: int) -> None:
+        """Our record, with ``reserved``, ``held`` and ``rss``, straight to our slot (``_flat``'s)."""
+        mine = self._mine
+        self._mine = Record(mine.pid, mine.start, reserved, held, rss)
+        os.pwrite(at[0], pack_record(self._mine), at[1] * SLOT_BYTES)
+
     def settle(self, key: str, held: int, less: int = 0) -> None:
         """Publish ``held``, with the reservation less ``less`` and never more than ``held`` (unwritten pages
         are pages held). Kept against the RSS it was published with, which readers still take away: no RSS
         reading, and still never less than what is unwritten."""
         with self._lock:
             try:
-                self._check_fork()
-                mine = self._mine
-                self._publish(key, min(held, max(0, mine.reserved - less)), held,
-                              mine.rss if mine.reserved else None)
+                self._check_fork()  # first: a forked child's record is not its parent's
+                mine, at = self._mine, self._flat(key)
+                reserved = min(held, max(0, mine.reserved - less))
+                if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
+                    self._put(at, reserved, held, mine.rss)
+                    return
+                self._publish(key, reserved, held, mine.rss if mine.reserved else None)
             except OSError as exc:
                 self._give_up(key, exc)
 
