@@ -11,6 +11,8 @@ asked. Every round asks the three workers in turn (the order rotates from round 
 the medians of the rounds' paired ratios: on a shared, loaded machine the load drifts between rounds far more than
 within one. The 16 siblings are real sleeping processes entered in the ledger folder of the "16 siblings" worker
 (``bench_siblings.sleeping_siblings``); the "alone" worker has a ledger folder of its own, empty but for itself.
+The "no ledger" worker runs this checkout with its machine's ledger steps switched off: the rest of a placement
+against the baseline.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ WORKER = f"""
 import sys, time
 import apsi_memory as memory
 print(memory.__file__, flush=True)
+if sys.argv[1:] == ["no-ledger"]:  # the ledger's steps off and the rest as it is: what the steps cost
+    from apsi_memory.machinery.machines import machine
+    machine().siblings = machine().ledger._changed = None
 def one():
     memory.free(memory.array({NBYTES}, "uint8"))
 for _ in range(50):
@@ -51,9 +56,9 @@ for line in sys.stdin:
 class Worker:
     """One interpreter that imports the package from ``checkout`` and uses ``ledger_dir`` as its ledger folder."""
 
-    def __init__(self, checkout: str, ledger_dir: str) -> None:
+    def __init__(self, checkout: str, ledger_dir: str, *options: str) -> None:
         env = {**os.environ, "PYTHONPATH": checkout, "APSI_LEDGER_DIR": ledger_dir}
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER], cwd=checkout, env=env, text=True,
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER, *options], cwd=checkout, env=env, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         imported = self._line()
         if not imported.startswith(os.path.join(os.path.realpath(checkout), "")):
@@ -98,7 +103,7 @@ def workers(baseline: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     alone, crowded = (str(tmp_path_factory.mktemp(name)) for name in ("alone", "crowded"))
     with sleeping_siblings(crowded):
         started = {"baseline alone": Worker(baseline, alone), "alone": Worker(here, alone),
-                   "16 siblings": Worker(here, crowded)}
+                   "16 siblings": Worker(here, crowded), "no ledger": Worker(here, alone, "no-ledger")}
         try:
             yield started
         finally:
@@ -106,7 +111,8 @@ def workers(baseline: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 worker.close()
 
 
-PAIRS = [("alone", "baseline alone"), ("16 siblings", "baseline alone"), ("16 siblings", "alone")]
+PAIRS = [("alone", "baseline alone"), ("16 siblings", "baseline alone"), ("16 siblings", "alone"),
+         ("no ledger", "baseline alone")]
 
 
 def test_placement_cost(benchmark: Any, workers: dict[str, Worker]) -> None:
