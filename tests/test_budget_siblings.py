@@ -62,6 +62,38 @@ def test_an_explicit_budget_still_leaves_what_a_sibling_reserved(tmp_path, monke
     assert (beside, alone) == (True, False)
 
 
+# -- the default budget a placement uses, shared with an active sibling --------------------------------------------
+
+def place_default(tmp_path: Path, sibling_held: int) -> tuple[bool, str]:
+    """(on the SSD, why) of a 1.2 GiB array in a 4 GiB container with 3 GiB free, under the default budget, while
+    a sibling holds ``sibling_held`` bytes of RAM arrays, all written (nothing reserved; 0: no sibling)."""
+    tree = sim.tree.docker_v1(tmp_path / f"root-{sibling_held}", limit=4 * GiB, usage=1 * GiB)
+    ledger = str(tmp_path / f"ledger-{sibling_held}")
+    ours = Siblings([ledger])
+    m = Machine(root=str(tree.root), clock=FakeClock(), siblings=ours)
+    sibling = Siblings([ledger], pid=4243)
+    if sibling_held:
+        sibling.publish(group_key(m.memory()), 0, sibling_held)
+    try:
+        with m.use():
+            x = memory.array(1229 * MiB, "uint8")
+            return memory.on_disk(x), memory.report()[-1].why
+    finally:
+        sibling.close()
+        ours.close()
+
+
+def test_a_placement_shares_the_default_budget_with_an_active_sibling(tmp_path):
+    """Issue 29 item 2 (a placement reads the budget's number, not its words): beside a sibling that holds RAM
+    arrays, 70 % of the 3 GiB free is shared by two (1.05 GiB), so a 1.2 GiB array goes to the SSD although free
+    memory holds it; alone it gets all 2.1 GiB and goes to RAM."""
+    beside, why = place_default(tmp_path, GiB)
+    alone, why_alone = place_default(tmp_path, 0)
+    print(f"\ndefault budget, 1.2 GiB array: beside an active sibling {'SSD' if beside else 'RAM'} ({why}); "
+          f"alone {'SSD' if alone else 'RAM'} ({why_alone})")
+    assert (beside, alone) == (True, False)
+
+
 # -- shared_budget: exact figures, and the documented rule as a property -------------------------------------------
 
 @pytest.mark.parametrize("free,held,reserved,processes,expected", [

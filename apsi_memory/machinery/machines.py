@@ -145,7 +145,7 @@ class Machine:
         return self._room(reading, self.sibling_reading(reading))
 
     def _room(self, reading: MemoryReading, others: SiblingReading) -> Room:
-        return Room(self.budget_from(reading, others).bytes, reading.free - others.reserved_bytes, others.processes)
+        return Room(self._budget_bytes(reading, others), reading.free - others.reserved_bytes, others.processes)
 
     def release(self, reserved: int) -> None:
         """Take back a reservation ``level_and_room(reserving=…)`` published for an array that went elsewhere."""
@@ -203,11 +203,21 @@ class Machine:
             except SizeError as exc:
                 raise SizeError(f"{BUDGET_ENV}: {exc}") from None
         others = self.sibling_reading(reading) if others is None else others
-        bytes_ = shared_budget(reading.free, self.ledger.held(), others.reserved_bytes, others.active + 1)
+        bytes_ = self._shared_budget(reading, others)
         if not (others.active or others.reserved_bytes):
             return Budget(bytes_, "70 % of free")
         return Budget(bytes_, f"70 % of free less {fmt_size(others.reserved_bytes)} reserved by siblings, shared by "
                               f"{others.active + 1} processes", others.reserved_bytes)
+
+    def _budget_bytes(self, reading: MemoryReading, others: SiblingReading) -> int:
+        """``budget_from(reading, others).bytes``, without the words of its source where it is the default (a
+        placement needs the number, and with siblings the words cost a formatted size)."""
+        if self.budget_set is None and not os.environ.get(BUDGET_ENV):
+            return self._shared_budget(reading, others)
+        return self.budget_from(reading, others).bytes
+
+    def _shared_budget(self, reading: MemoryReading, others: SiblingReading) -> int:
+        return shared_budget(reading.free, self.ledger.held(), others.reserved_bytes, others.active + 1)
 
 
 def _publish_held(siblings: Siblings, held: int) -> None:
