@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -46,16 +47,26 @@ def print_ratios() -> Any:
 def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A ledger folder in which 16 live processes each hold a 100 MiB reservation."""
     folder = str(tmp_path_factory.mktemp("ledger"))
-    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(SIBLINGS)]
+    with sleeping_siblings(folder):
+        yield folder
+
+
+@contextmanager
+def sleeping_siblings(folder: str, count: int = SIBLINGS) -> Iterator[None]:
+    """``count`` real sleeping processes, each entered in the ledger in ``folder`` with a 100 MiB reservation
+    (their slots' locks held here, their ``statm`` theirs), until the block ends."""
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(count)]
     entries = [Siblings([folder], pid=p.pid) for p in sleepers]
     key = group_key(Machine(siblings=None).memory())
-    for entry in entries:
-        entry.publish(key, 100 << 20, 100 << 20)
-    yield folder
-    for entry, sleeper in zip(entries, sleepers):
-        entry.close()
-        sleeper.kill()
-        sleeper.wait()
+    try:
+        for entry in entries:
+            entry.publish(key, 100 << 20, 100 << 20)
+        yield
+    finally:
+        for entry, sleeper in zip(entries, sleepers):
+            entry.close()
+            sleeper.kill()
+            sleeper.wait()
 
 
 def placing(machine: Machine) -> Any:

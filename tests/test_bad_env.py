@@ -210,7 +210,7 @@ def test_an_empty_dask_worker_count_means_counting_the_nannies(monkeypatch):
 def test_the_ledger_folder_variable_follows_the_rules_of_the_other_folders(monkeypatch, tmp_path):
     """APSI_LEDGER_DIR: a relative path is refused naming it (it made the ledger in the working folder), and a
     shared sticky folder means this user's private subfolder in it (``/tmp`` gave no ledger at all)."""
-    from apsi_memory.machinery.reservations import candidate_dirs
+    from apsi_memory.machinery.ledger_folders import candidate_dirs
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("APSI_LEDGER_DIR", "relx")

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,29 +27,41 @@ GiB, MiB = 1 << 30, 1 << 20
 
 # -- an explicit budget with a sibling present ---------------------------------------------------------------------
 
-def place_1gib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, sibling_reserved: int) -> tuple[bool, str]:
-    """(on the SSD, why) of a 1 GiB array in a 4 GiB container with 3.25 GiB free, under a 3 GB budget set ``how``,
-    while a sibling holds ``sibling_reserved`` bytes placed and not written (0: no sibling)."""
-    tree = sim.tree.docker_v1(tmp_path / f"root-{how}-{sibling_reserved}", limit=4 * GiB, usage=1 * GiB)
-    ledger = str(tmp_path / f"ledger-{how}-{sibling_reserved}")
+def placed(tmp_path: Path, name: str, nbytes: int, reserved: int = 0, held: int = 0,
+           before: Callable[[], None] | None = None) -> tuple[bool, str]:
+    """(on the SSD, why) of an ``nbytes`` array in a 4 GiB container with 1 GiB used, beside a sibling whose record
+    says ``reserved`` and ``held`` (both 0: no sibling); ``before`` runs first on the machine (a budget to set)."""
+    tree = sim.tree.docker_v1(tmp_path / f"root-{name}", limit=4 * GiB, usage=1 * GiB)
+    ledger = str(tmp_path / f"ledger-{name}")
     ours = Siblings([ledger])
     m = Machine(root=str(tree.root), clock=FakeClock(), siblings=ours)
     sibling = Siblings([ledger], pid=4242)
-    if sibling_reserved:
-        sibling.publish(group_key(m.memory()), sibling_reserved, sibling_reserved)
+    if reserved or held:
+        sibling.publish(group_key(m.memory()), reserved, held)
     try:
         with m.use():
-            if how == "budget()":
-                memory.budget("3GB")
-            else:
-                monkeypatch.setenv("APSI_RAM_BUDGET", "3GB")
-            assert memory.budget().source in ("set by budget()", "APSI_RAM_BUDGET")
-            x = memory.array(1 * GiB, "uint8")
+            if before is not None:
+                before()
+            x = memory.array(nbytes, "uint8")
             return memory.on_disk(x), memory.report()[-1].why
     finally:
-        monkeypatch.delenv("APSI_RAM_BUDGET", raising=False)
         sibling.close()
         ours.close()
+
+
+def place_1gib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str, sibling_reserved: int) -> tuple[bool, str]:
+    """(on the SSD, why) of a 1 GiB array in a 4 GiB container with 3.25 GiB free, under a 3 GB budget set ``how``,
+    while a sibling holds ``sibling_reserved`` bytes placed and not written (0: no sibling)."""
+    def set_budget() -> None:
+        if how == "budget()":
+            memory.budget("3GB")
+        else:
+            monkeypatch.setenv("APSI_RAM_BUDGET", "3GB")
+        assert memory.budget().source in ("set by budget()", "APSI_RAM_BUDGET")
+    try:
+        return placed(tmp_path, f"{how}-{sibling_reserved}", GiB, sibling_reserved, sibling_reserved, set_budget)
+    finally:
+        monkeypatch.delenv("APSI_RAM_BUDGET", raising=False)
 
 
 @pytest.mark.parametrize("how", ["budget()", "APSI_RAM_BUDGET"])
@@ -58,6 +71,19 @@ def test_an_explicit_budget_still_leaves_what_a_sibling_reserved(tmp_path, monke
     beside, why = place_1gib(tmp_path, monkeypatch, how, 2560 * MiB)
     alone, why_alone = place_1gib(tmp_path, monkeypatch, how, 0)
     print(f"\n{how} = 3 GB, 1 GiB array: beside a 2.5 GiB reservation {'SSD' if beside else 'RAM'} ({why}); "
+          f"alone {'SSD' if alone else 'RAM'} ({why_alone})")
+    assert (beside, alone) == (True, False)
+
+
+# -- the default budget a placement uses, shared with an active sibling --------------------------------------------
+
+def test_a_placement_shares_the_default_budget_with_an_active_sibling(tmp_path):
+    """Issue 29 item 2 (a placement reads the budget's number, not its words): beside a sibling that holds RAM
+    arrays, 70 % of the 3 GiB free is shared by two (1.05 GiB), so a 1.2 GiB array goes to the SSD although free
+    memory holds it; alone it gets all 2.1 GiB and goes to RAM."""
+    beside, why = placed(tmp_path, "active", 1229 * MiB, held=GiB)  # all written: nothing reserved
+    alone, why_alone = placed(tmp_path, "alone", 1229 * MiB)
+    print(f"\ndefault budget, 1.2 GiB array: beside an active sibling {'SSD' if beside else 'RAM'} ({why}); "
           f"alone {'SSD' if alone else 'RAM'} ({why_alone})")
     assert (beside, alone) == (True, False)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from apsi_memory.machinery.reservations import candidate_dirs
+from apsi_memory.machinery.ledger_folders import candidate_dirs
 from apsi_memory.system import paths
 
 

@@ -34,12 +34,14 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "apsi_memory.siblings" and r.levelno == logging.WARNING]
 
 
-def machines(tmp_path: Path, ledger: bool = True) -> tuple[Machine, Machine]:
-    """Two processes of one fake 4 GiB container with 3 GiB free; ``ledger`` False: the unprotected control."""
+def machines(tmp_path: Path, ledger: bool = True, first_pid: int | None = FAKE + 1) -> tuple[Machine, Machine]:
+    """Two processes of one fake 4 GiB container with 3 GiB free; ``ledger`` False: the unprotected control.
+    ``first_pid`` None: the first is this process (its ``statm`` is read, so its placements can take the flat path
+    of ``Siblings.reserve_and_read``)."""
     tree = sim.tree.docker_v1(tmp_path / "root", limit=4 * GiB, usage=1 * GiB)
     folder = [str(tmp_path / "ledger")]
     return tuple(Machine(root=str(tree.root), clock=FakeClock(),  # type: ignore[return-value]
-                         siblings=Siblings(folder, pid=pid) if ledger else None) for pid in (FAKE + 1, FAKE + 2))
+                         siblings=Siblings(folder, pid=pid) if ledger else None) for pid in (first_pid, FAKE + 2))
 
 
 KEPT: list[object] = []  # the arrays placed: held, never written, for the test's length
@@ -247,6 +249,47 @@ def test_of_two_placements_at_once_at_least_one_sees_the_other(tmp_path):
     mine = place(ours)
     print(f"\ninterleaved: ours {mine} (first step: {done[0]}), the other {done[1]}")
     assert "SSD" in (mine, done[1])
+
+
+def flat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Machine, Machine]:
+    """Two processes, ours (this process's pid) having placed and freed once: its slot is held and its file known,
+    it saw no sibling, it reserves nothing any more, and its next placement takes the flat path of
+    ``reserve_and_read`` (made sure of: the step-by-step path fails)."""
+    monkeypatch.setattr(reservations, "CHECK_EVERY", 3600.0)  # no check of the file falls due, however slow the test
+    ours, other = machines(tmp_path, first_pid=None)
+    with ours.use():
+        memory.free(memory.array(ARRAY, "uint8"))
+    assert ours.siblings is not None and ours.siblings.own().reserved == 0
+
+    def step_by_step(*_: object) -> None:
+        raise AssertionError("the placement took the step-by-step path, not the flat one")
+    monkeypatch.setattr(ours.siblings, "reserve", step_by_step)
+    return ours, other
+
+
+def test_a_sibling_that_came_after_our_last_reading_is_seen_by_our_next_placement(tmp_path, monkeypatch):
+    """Issue 29 item 2: a placement is cheap because its steps are flat (one pwrite, one pread), not because a
+    process that saw no sibling last time skips reading. The other process arrives (and places) between our last
+    reading, which saw nobody, and our next placement: that placement still reads, sees it, and goes to the SSD."""
+    ours, other = flat(tmp_path, monkeypatch)
+    assert place(other) == "RAM"  # alone when it placed: ours had nothing reserved
+    assert place(ours) == "SSD"  # with the other's 1.8 GiB reserved, 70 % of 1.2 GiB is too little
+
+
+@pytest.mark.parametrize("step", ["published", "read"])
+def test_of_two_placements_at_once_at_least_one_sees_the_other_on_the_flat_path(tmp_path, monkeypatch, step):
+    """The rule of ``test_of_two_placements_at_once_at_least_one_sees_the_other`` on the flat path: the other
+    process's whole placement runs right after ours's ``step``."""
+    ours, other = flat(tmp_path, monkeypatch)
+    done: list[str] = []
+
+    def between(at: str) -> None:
+        if at == step and not done:
+            done.append(place(other))
+    ours.siblings.on_step = between  # type: ignore[union-attr]
+    mine = place(ours)
+    print(f"\nafter {step}: ours {mine}, the other {done}")
+    assert done and "SSD" in (mine, done[0])
 
 
 # -- item 13: the last user removes the file ---------------------------------------------------------------------

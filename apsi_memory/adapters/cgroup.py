@@ -291,6 +291,12 @@ def in_namespace(root: str, found: Location | None) -> Location | None:
     return Location(found.entry, directory, found.mount_point)
 
 
+def _own_limits(read: list[GroupLevel], files: _Files, physical: int) -> list[int | None]:
+    """Each level's own smallest limit: its own limits come first in its ``limits``; the one kept in memory.stat is
+    inherited. (Looked up only under a limit: without one no level binds, and every reading would pay for it.)"""
+    return [smallest_limit(level.limits[:len(files.limits)], physical)[0] for level in read]
+
+
 def read_cgroup_memory(physical: int, source: KernelFiles, layout: Layout) -> CgroupMemory | str | None:
     """The memory cgroup of this process; None where there is none to read (bare host, no controller on any level);
     a sentence saying why where there is one but it must not be read (outside our namespace)."""
@@ -306,9 +312,7 @@ def read_cgroup_memory(physical: int, source: KernelFiles, layout: Layout) -> Cg
         read = [_read_level(source, files, paths) for paths in levels]
         group = combine_levels(read, physical)
         if group is not None:
-            # A level's own limits come first in its ``limits``; the one kept in memory.stat is inherited.
-            own = [smallest_limit(level.limits[:len(files.limits)], physical)[0] for level in read]
-            at = binding_level(own, group.limit)
+            at = None if group.limit is None else binding_level(_own_limits(read, files, physical), group.limit)
             directories = [paths.directory for paths in levels] if version == 2 else []
             return CgroupMemory(version, found.entry.path, found.directory, group.limit, group.limit_file,
                                 group.working_set, group.free, found.guessed,

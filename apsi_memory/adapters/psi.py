@@ -24,7 +24,7 @@ class Psi(NamedTuple):
     host_wide: bool = False  # every group's stalls: /proc/pressure/memory, or the v2 root group's file
 
 
-def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
+def parse_psi(text: str, path: str = SYSTEM_PSI, host_wide: bool = False) -> Psi:
     """``some avg10=0.12 avg60=... total=...`` and ``full ...`` lines; other lines (a later kernel may add some) are
     skipped. A ``some``/``full`` line without a numeric avg10, or no ``some`` line, is a ``CorruptFileError``."""
     shares: dict[str, float] = {}
@@ -39,7 +39,7 @@ def parse_psi(text: str, path: str = SYSTEM_PSI) -> Psi:
             raise CorruptFileError(path, f"line {line!r} has no numeric avg10") from None
     if "some" not in shares:
         raise CorruptFileError(path, "no 'some' line")
-    return Psi(shares["some"], shares.get("full"), path)
+    return Psi(shares["some"], shares.get("full"), path, host_wide)
 
 
 def read_psi(source: KernelFiles, layout: Layout) -> Psi | None:
@@ -49,7 +49,8 @@ def read_psi(source: KernelFiles, layout: Layout) -> Psi | None:
     for path in ([os.path.join(group, "memory.pressure")] if group else []) + [SYSTEM_PSI]:
         text = source.read(path)
         if text is not None:
-            return parse_psi(text, path)._replace(host_wide=path == SYSTEM_PSI or _root_on_hybrid(layout))
+            # (host_wide passed in, not set after with a copy: every placement reads this)
+            return parse_psi(text, path, path == SYSTEM_PSI or _root_on_hybrid(layout))
     return None
 
 

@@ -45,30 +45,24 @@ deletes only files it made under their spill name).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import mmap
-import operator
 import os
-import sys
 import threading
 import warnings
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from ..decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
-from ..errors import ArgumentError, ArgumentTypeError, NotFreedWarning
+from ..errors import ArgumentTypeError, NotFreedWarning
 from ..machinery.held import Ledger
-from ..machinery.machines import machine
+from ..machinery.machines import Room, machine
 from ..units import fmt_size
 from . import moving, npyfiles, sending, spill
-
-if TYPE_CHECKING:  # a big array's first placement imports it (the limits); a small one never needs it
-    from ..machinery.reading import Limits
+from .inputs import nbytes_of, normalize_dtype, normalize_shape
 
 log = logging.getLogger("apsi_memory.arrays")  # the documented logger name (docs: "What it logs")
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
@@ -96,6 +90,20 @@ class ArrayRecord(NamedTuple):
         return f"{list(self.shape)} {self.dtype} {fmt_size(self.nbytes, 3)} {where} — {self.why}"
 
 
+class Reason(NamedTuple):
+    """``place_reason``'s arguments, whose ``str()`` is its words: made only when ``report()`` (or the debug log)
+    asks, since most arrays are never reported and the words cost more than the rest of the decision."""
+
+    nbytes: int
+    left: int
+    budget: int
+    level: Level
+
+    def __str__(self) -> str:
+        return place_reason(*self)
+
+
+Why = str | Reason
 _T = TypeVar("_T", bound="_Tracked")
 
 
@@ -104,19 +112,19 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
     what ``report`` and ``free`` need. One object per array, its record made only when asked for: this is most of
     what a small ``memory.array`` costs over ``numpy.zeros``."""
 
-    __slots__ = ("address", "array", "dtype", "freed", "key", "ledger", "length", "moved", "note", "path", "place",
-                 "shape", "why")
+    __slots__ = ("_why", "address", "array", "dtype", "freed", "key", "ledger", "length", "moved", "note", "path",
+                 "place", "shape")
 
     def __new__(cls: type[_T], owner: Any, *_: Any) -> _T:  # noqa: PYI019 - typing.Self needs Python 3.11
         return super().__new__(cls, owner, _forget)  # the weakref's callback; the other arguments go to __init__
 
-    def __init__(self, owner: Any, x: np.ndarray, place: Place, why: str, path: str | None = None, address: int = 0,
+    def __init__(self, owner: Any, x: np.ndarray, place: Place, why: Why, path: str | None = None, address: int = 0,
                  length: int = 0, ledger: Ledger | None = None) -> None:
         self.key = id(owner)  # (weakref.ref.__init__ only checks the arguments __new__ already took)
         self.shape: tuple[int, ...] = x.shape
         self.dtype = x.dtype
         self.place = place
-        self.why = why
+        self._why = why
         self.path = path
         # Holding the returned array strongly would keep the memory alive; a small array is its own owner.
         self.array: Any = self if x is owner else weakref.ref(x)
@@ -126,6 +134,14 @@ class _Tracked(weakref.ref):  # type: ignore[type-arg]
         self.freed = False
         self.note = ""  # why it stayed in RAM when it could not move, or that it moved only in part (moving.py)
         self.moved = 0  # bytes from the start moved to the spill file: 0 < moved < length while partly moved
+
+    @property
+    def why(self) -> str:
+        return str(self._why)  # a placement's words are made here, when asked for (``Reason``)
+
+    @why.setter
+    def why(self, why: str) -> None:
+        self._why = why
 
     @property
     def nbytes(self) -> int:
@@ -142,71 +158,6 @@ _lock = threading.Lock()
 # once the sender has dropped the array (a Pool worker's return value: see ``sending``).
 _kept: dict[int, Any] = {}
 KEPT = "pickled by path: its file stays until free() or exit"  # report()'s note
-
-
-# -- input -------------------------------------------------------------------------------------------------------
-
-def normalize_shape(shape: int | Sequence[int]) -> tuple[int, ...]:
-    """``(200_000_000, 8)`` from an int or a sequence of ints; ``ValueError``/``TypeError`` naming the shape."""
-    try:
-        items = (shape,) if isinstance(shape, (int, np.integer, np.bool_)) else tuple(shape)
-        dims = tuple(operator.index(dim) for dim in items if not isinstance(dim, (bool, np.bool_)))
-    except TypeError:
-        raise ArgumentTypeError(f"shape {shape!r} must be an int or a sequence of ints") from None
-    if len(dims) < len(items):  # [True, 2] would read as (1, 2)
-        raise ArgumentTypeError(f"shape {shape!r} holds a bool, which is not a size")
-    if dims and min(dims) < 0:
-        raise ArgumentError(f"shape {shape!r} has a negative dimension")
-    return dims
-
-
-_dtypes: dict[Any, np.dtype[Any]] = {}  # np.dtype("float64") parses the string on every call; arrays are made often
-
-
-def normalize_dtype(dtype: Any) -> np.dtype[Any]:
-    """The ``numpy.dtype`` for ``dtype``; ``TypeError`` naming it when it is not one or holds Python objects."""
-    try:
-        return _dtypes[dtype]
-    except (KeyError, TypeError):  # TypeError: an unhashable spec, e.g. a list of fields
-        pass
-    try:
-        result: np.dtype[Any] = np.dtype(_numpy_name(dtype) or dtype)
-    except TypeError as exc:
-        raise ArgumentTypeError(f"dtype {dtype!r} is not a NumPy dtype: {exc}") from None
-    if result.hasobject:
-        raise ArgumentTypeError(f"dtype {result} holds Python objects, which cannot live in a memory-mapped "
-                                "file; use a numeric dtype")
-    if result.itemsize == 0:  # "S0"/"U0": NumPy makes S1/U1 arrays, so count the bytes they really take
-        result = np.empty(0, result).dtype
-    with contextlib.suppress(TypeError):
-        _dtypes[dtype] = result
-    return result
-
-
-def _numpy_name(dtype: Any) -> str | None:
-    """The NumPy name of a PyTorch dtype (``torch.float32`` -> ``"float32"``; ``torch.from_numpy`` then shares the
-    array's memory), None for anything else. Read by name: torch is not imported for it."""
-    if type(dtype).__module__ != "torch" or type(dtype).__name__ != "dtype":
-        return None
-    name = str(dtype).removeprefix("torch.")
-    if name in _TORCH_ONLY:
-        raise ArgumentTypeError(f"dtype {dtype} has no NumPy equivalent, so it cannot back a memory.array; use "
-                                "torch.float32 (or float16) and convert the tensor after torch.from_numpy")
-    return name
-
-
-_TORCH_ONLY = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8",
-                         "quint8", "qint32", "quint4x2", "complex32", "chalf"})
-
-
-def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
-    """Bytes an array of ``shape`` and ``dtype`` takes; ``ArgumentError`` naming both when no array can be that
-    big (more than an address can count)."""
-    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
-    if nbytes > sys.maxsize:
-        raise ArgumentError(f"shape {shape} of {dtype} would take {nbytes} bytes, more than any array can hold "
-                            f"({sys.maxsize} at most)")
-    return nbytes
 
 
 # -- array -------------------------------------------------------------------------------------------------------
@@ -244,26 +195,25 @@ def budget_left(budget_bytes: int, held_bytes: int, free_bytes: int, unwritten_b
     return max(0, min(budget_bytes - held_bytes, free_bytes - unwritten_bytes))
 
 
-def _where(nbytes: int) -> tuple[Place, str]:
+def _where(nbytes: int) -> tuple[Place, Reason]:
     """``place`` with the budget left, and ``place_reason``. ``nbytes`` is published to the siblings first; their
     entries are read as an upper bound, and exactly only when that says SSD."""
     m = machine()
-    level, reading = m.level_and_limits(reserving=nbytes)  # the level (when due), budget and free from one reading
-    where, why = _decide(nbytes, level, reading, m.ledger.held())
-    if where is Place.SSD and reading.siblings:
-        where, why = _decide(nbytes, level, m.exact_limits(), m.ledger.held())
+    level, room = m.level_and_room(reserving=nbytes)  # the level (when due), budget and free from one reading
+    where, why = _decide(nbytes, level, room, m.ledger.held())
+    if where is Place.SSD and room.siblings:
+        where, why = _decide(nbytes, level, m.exact_room(), m.ledger.held())
     if where is Place.SSD:
         m.release(nbytes)
     return where, why
 
 
-def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Place, str]:
+def _decide(nbytes: int, level: Level, room: Room, held: int) -> tuple[Place, Reason]:
     """How much of our arrays is still unwritten is only looked up (one ``mincore`` per RAM array) when the
     answer depends on it: between "all written" and "none written"."""
-    free = reading.free_bytes - reading.siblings_reserved_bytes  # the siblings' placed, not yet charged, arrays
 
     def left(unwritten: int) -> int:
-        return budget_left(reading.budget_bytes, held, free, unwritten)
+        return budget_left(room.budget_bytes, held, room.free_bytes, unwritten)
 
     if place(nbytes, left(0), level) is Place.SSD:
         unwritten = 0
@@ -271,7 +221,7 @@ def _decide(nbytes: int, level: Level, reading: Limits, held: int) -> tuple[Plac
         unwritten = held
     else:
         unwritten = held - _resident_in_ram()
-    return place(nbytes, left(unwritten), level), place_reason(nbytes, left(unwritten), reading.budget_bytes, level)
+    return place(nbytes, left(unwritten), level), Reason(nbytes, left(unwritten), room.budget_bytes, level)
 
 
 def ram_entries(ledger: Ledger | None = None) -> list[_Tracked]:
@@ -305,7 +255,7 @@ def anonymous_memory(nbytes: int) -> mmap.mmap:
     return buffer
 
 
-def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) -> np.ndarray:
+def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: Why) -> np.ndarray:
     buffer = anonymous_memory(nbytes)
     x: np.ndarray = np.ndarray(shape, dtype, buffer=buffer)
     m = machine()
@@ -316,7 +266,7 @@ def _big_in_ram(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, why: str) 
     return x
 
 
-def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: str) -> np.memmap:
+def _spilled(shape: tuple[int, ...], dtype: np.dtype, why: Why) -> np.memmap:
     return _track_file(spill.create(shape, dtype), why)
 
 
@@ -349,7 +299,7 @@ def publish(pending: npyfiles.Pending, x: np.ndarray) -> None:
 _KEPT_WHY = "asked for a file of its own (path=): apsi_memory never deletes it"
 
 
-def _track_file(x: np.memmap, why: str, path: str | None = None) -> np.memmap:
+def _track_file(x: np.memmap, why: Why, path: str | None = None) -> np.memmap:
     mapping = x._mmap  # type: ignore[attr-defined]  # numpy.memmap's own mmap: the owner of the pages
     # The mapping starts at the file offset rounded down to the allocation granularity (numpy.memmap's rule).
     start = x.ctypes.data - x.offset % mmap.ALLOCATIONGRANULARITY

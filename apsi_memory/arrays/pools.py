@@ -48,7 +48,8 @@ from ..errors import PoolError
 from ..machinery.machines import machine
 from ..system.once import each, fork_hooks
 from ..units import byte_count, flag, fmt_size, parse_size
-from .placement import anonymous_memory, nbytes_of, normalize_dtype, normalize_shape
+from .inputs import nbytes_of, normalize_dtype, normalize_shape
+from .placement import anonymous_memory
 
 PAGE = mmap.PAGESIZE
 DEFAULT_SHARE_OF_BUDGET = 10  # spares may hold a tenth of the budget

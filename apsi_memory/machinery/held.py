@@ -42,25 +42,25 @@ class Ledger:
 
     def _change(self, n_bytes: int) -> None:
         with self._lock:
-            self._held = max(0, self._held + n_bytes)
+            self._held = held = max(0, self._held + n_bytes)
             if self._changed is None:
                 return
             if self._telling:
                 self._stale = True
                 return
-            self._telling = True
-        self._tell(self._changed)
+            self._telling, self._stale = True, False
+        self._tell(self._changed, held)
 
-    def _tell(self, changed: Callable[[int], None]) -> None:
+    def _tell(self, changed: Callable[[int], None], held: int) -> None:
+        """Tell ``held`` (read under the lock that made this thread the teller), then each newer total."""
         try:
             while True:
-                with self._lock:
-                    held, self._stale = self._held, False
                 changed(held)
                 with self._lock:
                     if not self._stale:
                         self._telling = False
                         return
+                    held, self._stale = self._held, False
         except BaseException:
             with self._lock:
                 self._telling = False

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from ..system import paths, trust
 from ..units import fmt_size
 from . import slots
+from .ledger_folders import candidate_dirs
 from .reader import MemoryReading
-from .reservations import candidate_dirs
 
 _NAME = re.compile(r"reservations-(host|[0-9a-f]{24})")
 _CLOEXEC, _NOFOLLOW = getattr(os, "O_CLOEXEC", 0), getattr(os, "O_NOFOLLOW", 0)
@@ -61,7 +61,7 @@ def group_names(reading: MemoryReading | None) -> dict[str, str]:
 
 
 def ledger_files(reading: MemoryReading | None = None) -> list[LedgerFile]:
-    """Every ledger file in the folders the ledger may use (``reservations.candidate_dirs``) that exist."""
+    """Every ledger file in the folders the ledger may use (``ledger_folders.candidate_dirs``) that exist."""
     names = group_names(reading)
     return [found for folder in _folders() for found in _in_folder(folder, names, remove=False)]
 

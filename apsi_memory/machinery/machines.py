@@ -20,8 +20,8 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
-from typing import TYPE_CHECKING
+from functools import cache, partial
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..adapters.clock import Clock, SystemClock, checked_clock
 from ..adapters.cpus import core_cache_bytes
@@ -42,6 +42,23 @@ if TYPE_CHECKING:
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
 CORE_CACHE_BYTES = 1 << 20  # a core's own cache where sysfs does not say: the level 2 of current x86 server cores
+
+
+class Room(NamedTuple):
+    """What a placement reads (``Machine.level_and_room``): the RAM budget, the memory free less what the siblings
+    reserved (placed in RAM, not yet charged), and how many siblings were counted."""
+
+    budget_bytes: int
+    free_bytes: int
+    siblings: int
+
+
+@cache
+def _no_siblings() -> SiblingReading:
+    """The reading of a machine without a ledger, made once (a placement asks for it each time)."""
+    from .reading import SiblingReading
+
+    return SiblingReading()
 
 
 class Machine:
@@ -72,7 +89,7 @@ class Machine:
         self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify,
                                     self.components.hear)
         self.budget_set: int | None = None  # set by budget(); None: the default
-        self._last: MemoryReading | None = None  # the reading level_and_limits took last
+        self._last: MemoryReading | None = None  # the reading level_and_room took last
 
     @property
     def root(self) -> str:
@@ -109,29 +126,39 @@ class Machine:
         reading = self.memory()
         return self._limits(reading, self.sibling_reading(reading))
 
-    def level_and_limits(self, reserving: int = 0) -> tuple[Level, Limits]:
-        """``current_level()`` and ``limits()`` from one reading, for an allocation path that needs both.
-        ``reserving``: bytes about to be placed in RAM, published to the siblings before their entries are read,
-        so of two processes placing at once at least one sees the other (``release`` takes it back); their
-        entries are then read as an upper bound (``exact_limits`` reads them exactly, when the answer depends
-        on it)."""
+    def level_and_room(self, reserving: int = 0) -> tuple[Level, Room]:
+        """``current_level()`` and the ``Room`` for a placement, from one reading. ``reserving``: bytes about to be
+        placed in RAM, published to the siblings before their entries are read, so of two processes placing at once
+        at least one sees the other (``release`` takes it back); their entries are then read as an upper bound
+        (``exact_room`` reads them exactly, when the answer depends on it). No ``Limits`` is built: a placement
+        needs three of its numbers."""
         due = self.tracker.due()
         reading = self.memory()
         if due is None:
             level = self.tracker.level
         else:  # published (and told to the components) before the budget is read, as current_level() then limits()
             level = self.tracker.publish(due[0], level_from(reading, due[1]))
-        if reserving and self.siblings is not None:
-            self.siblings.reserve(group_key(reading), reserving, self.ledger.held() + reserving)
-        others = self.sibling_reading(reading, exact=not reserving)
+        others = self._placing(reading, reserving)
         self._last = reading
-        return level, self._limits(reading, others)
+        return level, self._room(reading, others)
 
-    def exact_limits(self) -> Limits:
-        """``limits()`` of the reading ``level_and_limits`` last took, the siblings read exactly (only live
+    def _placing(self, reading: MemoryReading, reserving: int) -> SiblingReading:
+        """Publish ``reserving`` (if any), then read the siblings: exactly, or as an upper bound after publishing."""
+        if self.siblings is None:
+            return _no_siblings()
+        if reserving:
+            return self.siblings.reserve_and_read(group_key(reading), reserving, self.ledger.held() + reserving,
+                                                  reading.usable)
+        return self.siblings.read(group_key(reading), cap=reading.usable)
+
+    def exact_room(self) -> Room:
+        """The ``Room`` of the reading ``level_and_room`` last took, the siblings read exactly (only live
         processes, their reservations less what the kernel has charged since)."""
         reading = self._last or self.memory()
-        return self._limits(reading, self.sibling_reading(reading))
+        return self._room(reading, self.sibling_reading(reading))
+
+    def _room(self, reading: MemoryReading, others: SiblingReading) -> Room:
+        return Room(self._budget_bytes(reading, others), reading.free - others.reserved_bytes, others.processes)
 
     def _limits(self, reading: MemoryReading, others: SiblingReading) -> Limits:
         from .reading import limits_from
@@ -139,7 +166,7 @@ class Machine:
         return limits_from(reading, self.budget_from(reading, others), others)
 
     def release(self, reserved: int) -> None:
-        """Take back a reservation ``level_and_limits(reserving=…)`` published for an array that went elsewhere."""
+        """Take back a reservation ``level_and_room(reserving=…)`` published for an array that went elsewhere."""
         if self.siblings is not None and self.siblings.key is not None:
             self.siblings.settle(self.siblings.key, self.ledger.held(), reserved)
 
@@ -153,9 +180,7 @@ class Machine:
     def sibling_reading(self, reading: MemoryReading | None = None, exact: bool = True) -> SiblingReading:
         """The other processes of this user in this memory group (``siblings()``)."""
         if self.siblings is None:
-            from .reading import SiblingReading
-
-            return SiblingReading()
+            return _no_siblings()
         reading = reading or self.memory()
         return self.siblings.read(group_key(reading), exact, cap=reading.usable)  # a claim above it is nonsense
 
@@ -204,11 +229,21 @@ class Machine:
             except SizeError as exc:
                 raise SizeError(f"{BUDGET_ENV}: {exc}") from None
         others = self.sibling_reading(reading) if others is None else others
-        bytes_ = shared_budget(reading.free, self.ledger.held(), others.reserved_bytes, others.active + 1)
+        bytes_ = self._shared_budget(reading, others)
         if not (others.active or others.reserved_bytes):
             return Budget(bytes_, "70 % of free")
         return Budget(bytes_, f"70 % of free less {fmt_size(others.reserved_bytes)} reserved by siblings, shared by "
                               f"{others.active + 1} processes", others.reserved_bytes)
+
+    def _budget_bytes(self, reading: MemoryReading, others: SiblingReading) -> int:
+        """``budget_from(reading, others).bytes``, without the words of its source where it is the default (a
+        placement needs the number, and with siblings the words cost a formatted size)."""
+        if self.budget_set is None and not os.environ.get(BUDGET_ENV):
+            return self._shared_budget(reading, others)
+        return self.budget_from(reading, others).bytes
+
+    def _shared_budget(self, reading: MemoryReading, others: SiblingReading) -> int:
+        return shared_budget(reading.free, self.ledger.held(), others.reserved_bytes, others.active + 1)
 
 
 def _publish_held(siblings: Siblings, held: int) -> None:

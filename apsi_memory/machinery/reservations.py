@@ -37,7 +37,6 @@ Nothing stale can lie
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import logging
@@ -45,13 +44,12 @@ import os
 import re
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import UnsafePathError
 from ..system import paths, trust
-from ..system.once import each, fork_hooks, once
+from .ledger_folders import candidate_dirs, open_folder
+from .ledger_life import close_in_children, instances, leave_at_exit
 from .reader import MemoryReading
 from .slots import (
     FILE_BYTES,
@@ -104,33 +102,6 @@ def shared() -> Siblings:
     return _shared
 
 
-LEDGER_DIR_ENV = "APSI_LEDGER_DIR"
-
-
-def candidate_dirs() -> list[str]:
-    """``APSI_LEDGER_DIR`` alone where set; else ``/dev/shm/apsi-<uid>``, ``paths.runtime_dir()/apsi``, ``~/.apsi/run``."""
-    chosen = paths.env_folder(LEDGER_DIR_ENV, "")  # the rules of the other folders: empty unset, relative refused
-    if chosen:
-        return [chosen]
-    uid = os.geteuid()
-    found = [f"/dev/shm/apsi-{uid}"] if os.path.isdir("/dev/shm") else []
-    runtime = paths.runtime_dir()  # a relative XDG_RUNTIME_DIR is ignored, as the XDG spec says
-    if runtime:
-        found.append(os.path.join(runtime, "apsi"))
-    return [*found, os.path.join(paths.apsi_home(), "run")]
-
-
-def _open_folder(candidates: list[str]) -> tuple[int, str] | None:
-    """The first candidate that is (or can be made) a folder of ours nobody else may write; None if none is."""
-    for folder in candidates:
-        try:
-            return trust.open_folder(folder), folder
-        except (UnsafePathError, OSError) as exc:
-            log.warning("reservation ledger: not in %s (%s): %s", folder,
-                        LEDGER_DIR_ENV if os.environ.get(LEDGER_DIR_ENV) else "default", exc)
-    return None
-
-
 # -- the ledger ----------------------------------------------------------------------------------------------------
 
 class Siblings:
@@ -152,7 +123,7 @@ class Siblings:
         self.on_step: Callable[[str], None] | None = None
         self._lock = threading.RLock()  # reentrant: a garbage-collected array may publish from inside a publish
         self._reset()
-        _instances.add(self)
+        instances.add(self)
 
     def _reset(self) -> None:
         self._real_pid = os.getpid()  # a forked child has no slot and no record of its own: it starts afresh
@@ -219,15 +190,17 @@ class Siblings:
     # -- the file ------------------------------------------------------------------------------------------------
 
     def _file(self, key: str) -> int | None:
+        known = self._files.get(key)
+        if known is not None and key == self._key and self._slot is not None and time.monotonic() < self._check_at:
+            return known[0]  # our slot's file, not due for a check: every placement comes here
         if key in self._off:
             return None
         if self._folder is False:
-            _close_in_children()  # registered on first use, never at import
-            _leave_at_exit()
-            self._folder = _open_folder(self._directories or candidate_dirs())
+            close_in_children()  # registered on first use, never at import
+            leave_at_exit()
+            self._folder = open_folder(self._directories or candidate_dirs())
         if not isinstance(self._folder, tuple):
             return None
-        known = self._files.get(key)
         if known is not None and self._still(key, known[1]):
             return known[0]
         if known is not None:  # removed by its last user, or replaced: this process's record goes to the new one
@@ -253,11 +226,9 @@ class Siblings:
 
     def _still(self, key: str, opened: tuple[int, int]) -> bool:
         """Whether ``key`` still names the file opened: asked at once where this process holds no slot in it, else
-        at most every ``CHECK_EVERY`` seconds (only someone else removes a file in which a live slot remains)."""
-        now = time.monotonic()
-        if key == self._key and self._slot is not None and now < self._check_at:
-            return True
-        self._check_at = now + CHECK_EVERY
+        at most every ``CHECK_EVERY`` seconds (``_file``; only someone else removes a file in which a live slot
+        remains)."""
+        self._check_at = time.monotonic() + CHECK_EVERY
         return self._current(key, opened)
 
     def _current(self, key: str, opened: tuple[int, int]) -> bool:
@@ -314,10 +285,13 @@ class Siblings:
         own = self._slot if key == self._key else None  # never our own: its lock is ours, so it would seem dead
         if exact:
             return self._tally(fd, data, own, self.path(key), exact, cap)
+        return self._upper_bound(key, cap, fd, data, own)
+
+    def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes, own: int | None) -> SiblingReading:
         # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
         others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
         if self._rough is None or self._rough[:2] != ((key, cap), others):
-            self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), exact, cap))
+            self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), False, cap))
         return self._rough[2]
 
     def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool,
@@ -405,6 +379,9 @@ class Siblings:
     def _write(self, key: str, fd: int | None) -> None:
         """Write our record in our slot, claiming one first; a file removed between opening and claiming (its
         last user left) is opened anew, once."""
+        if fd is not None and self._slot is not None:  # our slot, claimed: every publish but the first
+            os.pwrite(fd, pack_record(self._mine), self._slot * SLOT_BYTES)
+            return
         for _ in range(2):
             claiming = self._slot is None
             if fd is None or not self._claimed(key, fd):
@@ -428,16 +405,61 @@ class Siblings:
         if self.on_step is not None:
             self.on_step("published")
 
+    def reserve_and_read(self, key: str, more: int, held: int, cap: int | None) -> SiblingReading:
+        """A placement's two steps, in this order: ``reserve(key, more, held)``, then ``read(key, exact=False,
+        cap=cap)``; published before read, so of two placements at once at least one sees the other. Where this
+        process's slot in ``key``'s file is held and not due for its check (every placement but the first of each
+        second), flat: one ``statm`` read, one ``pwrite``, one ``pread`` (issue 29: the steps' layers cost more
+        than their system calls)."""
+        with self._lock:
+            at, mine = self._flat(key), self._mine
+            rss = None if at is None else self._rss(self._pid, mine.start)
+            if at is None or rss is None:  # the first placement, a check due, another group, a fork, no statm
+                self.reserve(key, more, held)
+                return self.read(key, False, cap)
+            fd, slot = at
+            try:
+                self._put(at, outstanding(mine.reserved, mine.rss, rss) + more, held, rss)
+                if self.on_step is not None:
+                    self.on_step("published")
+                found = self._upper_bound(key, cap, fd, os.pread(fd, FILE_BYTES, 0), slot)
+            except OSError as exc:
+                from .reading import SiblingReading
+
+                self._give_up(key, exc)
+                found = SiblingReading()
+        if self.on_step is not None:
+            self.on_step("read")
+        return found
+
+    def _flat(self, key: str) -> tuple[int, int] | None:
+        """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: the slot is held, its
+        file not due for its check, and this is the process that opened it (else None: step by step)."""
+        known, slot = self._files.get(key), self._slot
+        if known is None or slot is None or key != self._key or time.monotonic() >= self._check_at \
+                or self._real_pid != os.getpid():
+            return None
+        return known[0], slot
+
+    def _put(self, at: tuple[int, int], reserved: int, held: int, rss: int) -> None:
+        """Our record, with ``reserved``, ``held`` and ``rss``, straight to our slot (``_flat``'s)."""
+        mine = self._mine
+        self._mine = Record(mine.pid, mine.start, reserved, held, rss)
+        os.pwrite(at[0], pack_record(self._mine), at[1] * SLOT_BYTES)
+
     def settle(self, key: str, held: int, less: int = 0) -> None:
         """Publish ``held``, with the reservation less ``less`` and never more than ``held`` (unwritten pages
         are pages held). Kept against the RSS it was published with, which readers still take away: no RSS
         reading, and still never less than what is unwritten."""
         with self._lock:
             try:
-                self._check_fork()
-                mine = self._mine
-                self._publish(key, min(held, max(0, mine.reserved - less)), held,
-                              mine.rss if mine.reserved else None)
+                self._check_fork()  # first: a forked child's record is not its parent's
+                mine, at = self._mine, self._flat(key)
+                reserved = min(held, max(0, mine.reserved - less))
+                if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
+                    self._put(at, reserved, held, mine.rss)
+                    return
+                self._publish(key, reserved, held, mine.rss if mine.reserved else None)
             except OSError as exc:
                 self._give_up(key, exc)
 
@@ -470,31 +492,3 @@ class Siblings:
         if known is not None:
             os.pwrite(known[0], FREE, slot * SLOT_BYTES)
             unlock(known[0], slot)
-
-
-_instances: weakref.WeakSet[Siblings] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """The child's copies of the parent's descriptors share the parent's locks: closed at once, so the parent's
-    slot is freed when the parent dies even while the child runs on."""
-    for siblings in list(_instances):
-        siblings._lock = threading.RLock()  # a parent's thread may have held it at the fork
-        siblings._forget()
-
-
-_close_in_children = fork_hooks(after_in_child=_after_fork_in_child)
-
-
-@once
-def _leave_at_exit() -> None:
-    """At exit every entry leaves its ledgers, so the last user of a file removes it (registered on first use)."""
-    atexit.register(lambda: each(list(_instances), _close_unless_busy))
-
-
-def _close_unless_busy(siblings: Siblings) -> None:
-    if siblings._lock.acquire(blocking=False):  # a thread stuck inside it must not hold up the exit
-        try:
-            siblings.close()
-        finally:
-            siblings._lock.release()

@@ -49,9 +49,12 @@ class Record(NamedTuple):
     rss: int  # its anonymous RSS when it published
 
 
+_PAD = bytes(SLOT_BYTES - _FORMAT.size - _CRC.size)
+
+
 def pack_record(record: Record) -> bytes:
     body = _FORMAT.pack(MAGIC, *record)
-    return (body + _CRC.pack(zlib.crc32(body))).ljust(SLOT_BYTES, b"\0")
+    return body + _CRC.pack(zlib.crc32(body)) + _PAD
 
 
 def parse_record(data: bytes, offset: int = 0) -> Record | str:

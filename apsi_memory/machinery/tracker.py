@@ -158,7 +158,7 @@ class LevelTracker:
 
     def due(self) -> tuple[int, Level] | None:
         """None while the last reading is fresh; else the reading is due, and whoever asked takes it: its ticket
-        for ``publish`` and the previous level (``Machine.level_and_limits`` takes it with the budget's)."""
+        for ``publish`` and the previous level (``Machine.level_and_room`` takes it with the budget's)."""
         now = self.clock.now()
         with self._lock:
             if self.measured_at is not None and now - self.measured_at < RECHECK_SECONDS:
