@@ -310,6 +310,7 @@ def test_scale_shares_the_memory_again_and_each_thread_worker_has_its_own_plugin
         four = amd.worker_memory_limit(4)
         assert registered_limits(cl) == [four] * 4
         assert sorted(w.memory_manager.memory_limit for w in c.workers.values()) == [four] * 4
+        assert [w.data.n for w in c.workers.values()] == [int(four * decide.DASK_SPILL_TARGET)] * 4  # kept in RAM
         assert dask.config.get("array.chunk-size") == amd.chunk_bytes(four)
         plugins = {address: w.plugins["apsi-pressure"] for address, w in
                    ((w.address, w) for w in c.workers.values())}
@@ -325,6 +326,74 @@ def test_adapt_shares_the_memory_between_the_workers_it_starts() -> None:
         while registered_limits(cl) != [amd.worker_memory_limit(3)] * 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
+
+
+def _pid_and_rss() -> tuple[int, int]:
+    import psutil
+
+    return os.getpid(), int(psutil.Process().memory_info().rss)
+
+
+def _nanny_limits(c: Any) -> list[int]:
+    return sorted(nanny.memory_manager.memory_limit for nanny in c.workers.values())
+
+
+def test_scale_up_keeps_the_running_workers_and_their_data(sim_machine: Callable[..., Any], tmp_path: Path) -> None:
+    """cluster(2).scale(4) gave the running workers' nannies the smaller share at once: each worker holding more
+    than its terminate line was killed by its own nanny and its data recomputed (2 of 2 runs). They now spill down
+    to the new share first; only then does their nanny apply it."""
+    import dask
+    import dask.array as da
+    from distributed import futures_of, wait
+
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=300 * MiB)  # the workers read it too (APSI_FS_ROOT)
+    four = amd.worker_memory_limit(4)
+    with amd.cluster(n_workers=2, processes=True, dashboard_address=":0", local_directory=str(tmp_path)) as c, \
+            c.get_client() as cl:
+        held = [cl.persist(da.arange(16 * MiB, chunks=4 * MiB, dtype=np.float64) + number, workers=[address])
+                for number, address in enumerate(cl.scheduler_info()["workers"])]  # 4 chunks of 32 MiB in each
+        wait(held)
+        before = cl.run(_pid_and_rss)
+        over = dask.config.get("distributed.worker.memory.terminate") * four
+        assert all(rss > over for _, rss in before.values()), (before, fmt_size(int(over)))  # each would be killed
+        c.scale(4)
+        cl.wait_for_workers(4, timeout=stretched(60))
+        deadline = time.monotonic() + stretched(30)
+        while _nanny_limits(c) != [four] * 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _nanny_limits(c) == [four] * 4  # the old workers too, once they spilled down to it
+        after = cl.run(_pid_and_rss)
+        assert {address: after.get(address, (None,))[0] for address in before} == \
+            {address: pid for address, (pid, _) in before.items()}  # the same worker processes, none restarted
+        assert not cl.get_events("worker-restart-memory")
+        assert set().union(*cl.who_has(futures_of(held)).values()) == set(before)  # the data where it was
+        n = 16 * MiB  # pinned to a killed worker, a chunk would wait for it for ever: hence the timeout
+        sums = cl.compute([x.sum() for x in held])
+        assert [s.result(timeout=stretched(60)) for s in sums] == [n * (n - 1) // 2 + n * i for i in (0, 1)]
+
+
+@given(rss=st.integers(0, GiB), current=st.integers(128 * MiB, GiB), wanted=st.integers(128 * MiB, GiB))
+def test_a_nanny_takes_a_smaller_limit_only_once_its_worker_fits_under_it(rss: int, current: int, wanted: int) -> None:
+    now = decide.nanny_limit_now(rss, current, wanted)
+    assert now in (current, wanted)
+    assert now >= current or rss <= decide.DASK_TERMINATE_FRACTION * now  # lowering it kills no worker
+    assert now == wanted or rss > decide.DASK_SPILL_FRACTION * wanted  # and it gets there once the worker fits
+
+def test_scale_by_cores_shares_the_memory_too() -> None:
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
+        c.scale(cores=3)
+        cl.wait_for_workers(3, timeout=stretched(30))
+        assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
+
+
+def test_adapt_scaling_down_gives_the_remaining_workers_the_larger_share() -> None:
+    with amd.cluster(n_workers=3, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
+        c.adapt(minimum=1, maximum=1, interval="100ms", wait_count=1)
+        deadline = time.monotonic() + stretched(30)
+        while registered_limits(cl) != [amd.worker_memory_limit(1)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert registered_limits(cl) == [amd.worker_memory_limit(1)]
+        assert [w.memory_manager.memory_limit for w in c.workers.values()] == [amd.worker_memory_limit(1)]
 
 
 def test_memory_limit_auto_is_the_groups_share_not_the_hosts(sim_machine: Callable[..., Any]) -> None:

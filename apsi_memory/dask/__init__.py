@@ -37,11 +37,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import os
 import pickle
 import warnings
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from ..errors import ArgumentError, ArgumentTypeError, BudgetWarning, MissingExtraError
@@ -65,6 +67,7 @@ from ..decide import (
     WorkerReading,
     chunk_bytes,
     holders_text,
+    nanny_limit_now,
     ram_tier_limit,
     task_need_bytes,
     worker_pause_step,
@@ -183,8 +186,9 @@ _settings_made: dict[str, Any] = {}  # what follow_limit set last: a later clust
 
 
 class MemoryCluster(LocalCluster):
-    """``cluster()``'s ``LocalCluster``: ``scale(n)`` (and ``adapt``, which scales) gives every worker, running or
-    new, ``worker_memory_limit(n)`` and the dask settings that follow from it."""
+    """``cluster()``'s ``LocalCluster``: ``scale(n)`` or ``scale(cores=…)`` (and ``adapt``, up or down) gives every
+    worker, running or new, ``worker_memory_limit(n)`` and the dask settings that follow from it; a running worker
+    over a smaller share spills down to it before its nanny applies it (``decide.nanny_limit_now``)."""
 
     fixed_limit = False
     config_before: dict[str, tuple[Any, bool]] | None = None  # dask.config before cluster(): restored at close
@@ -198,33 +202,47 @@ class MemoryCluster(LocalCluster):
             self.config_before = None
 
     def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
-        if memory is None and cores is None and n >= 1 and not self.fixed_limit:
+        if cores is not None:  # dask's own rule for cores=, applied here so that they are shared too
+            n = max(n, math.ceil(cores / self._threads_per_worker()))
+        if memory is None and n >= 1 and not self.fixed_limit:
             self.share_between(n)
-        return super().scale(n, memory=memory, cores=cores)
+        return super().scale(n, memory=memory)
+
+    async def scale_down(self, workers: Iterable[str]) -> None:
+        """``adapt`` retires workers through this, not ``scale``: those left share the memory they freed."""
+        await super().scale_down(workers)
+        if self.worker_spec and not self.fixed_limit:
+            await self._share(*self._new_share(len(self.worker_spec)))
 
     def share_between(self, n: int) -> int:
-        """Set ``worker_memory_limit(n)`` for the workers to come and those running, and its dask settings."""
-        threads = self._threads_per_worker()
-        limit = worker_memory_limit(n, threads)
-        settings = follow_limit(limit, threads)
-        self.new_spec["options"]["memory_limit"] = limit  # the specs of the running workers share this dict
+        """Set ``worker_memory_limit(n)`` for the workers to come and those running (each running one spills down
+        to a smaller share before its nanny applies it: ``decide.nanny_limit_now``), and its dask settings."""
+        limit, settings = self._new_share(n)
         running = _running_loop()
         if running is not None and running is self.loop.asyncio_loop:  # adapt() scales from the cluster's loop
             self._sharing = asyncio.ensure_future(self._share(limit, settings))
         else:
             self.sync(self._share, limit, settings)
-        logger.info("apsi_memory: worker memory limit %s (%d workers)", fmt_size(limit), n)
         return limit
+
+    def _new_share(self, n: int) -> tuple[int, dict[str, int | str]]:
+        threads = self._threads_per_worker()
+        limit = worker_memory_limit(n, threads)
+        settings = follow_limit(limit, threads)
+        self.new_spec["options"]["memory_limit"] = limit  # the specs of the running workers share this dict
+        logger.info("apsi_memory: worker memory limit %s (%d workers)", fmt_size(limit), n)
+        return limit, settings
 
     async def _share(self, limit: int, settings: dict[str, int | str]) -> None:
         for state in self.scheduler.workers.values():
             state.memory_limit = limit  # what the scheduler plans with
-        for nanny in self.workers.values():
-            if isinstance(nanny, Nanny):
-                _set_nanny_limit(nanny, limit)
-        if self.scheduler.workers:
+        if self.scheduler.workers:  # first: a worker spills down to a smaller limit before its nanny applies it
             await self.scheduler.broadcast(msg={"op": "run", "function": pickle.dumps(_worker_follows),
                                                 "args": pickle.dumps((limit, settings))}, on_error="ignore")
+        spill = dask.config.get("distributed.worker.memory.spill") or memory_lines().pause  # dask's, as set here
+        for nanny in self.workers.values():
+            if isinstance(nanny, Nanny):
+                _nanny_follows(nanny, limit, spill)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -235,9 +253,14 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def _worker_follows(limit: int, settings: dict[str, int | str], dask_worker: Any) -> None:
-    """On a running worker: the new limit, and the p2p buffers (read once when the worker started) with it."""
+    """On a running worker: the new limit (its memory monitor spills down to it, and its ``SpillBuffer`` keeps
+    that share of it in RAM), and the p2p buffers (read once when the worker started) with it."""
     dask.config.set(settings)
-    dask_worker.memory_manager.memory_limit = limit
+    manager = dask_worker.memory_manager
+    manager.memory_limit = limit
+    target = manager.memory_target_fraction or manager.memory_spill_fraction
+    if target and hasattr(dask_worker.data, "fast") and hasattr(dask_worker.data, "n"):
+        dask_worker.data.n = int(limit * target)  # as dask sized it at the start
     shuffle = dask_worker.extensions.get("shuffle")
     for key, limiter in (("distributed.p2p.comm.buffer", "memory_limiter_comms"),
                          ("distributed.p2p.storage.buffer", "memory_limiter_disk")):
@@ -280,9 +303,58 @@ def set_limit(nanny: Any, n_workers: int) -> int:
 
 def _set_nanny_limit(nanny: Any, limit: int) -> None:
     nanny.memory_manager.memory_limit = limit
+    _set_worker_kwargs(nanny, limit)
+
+
+def _set_worker_kwargs(nanny: Any, limit: int) -> None:
+    """The limit a worker this nanny starts (or restarts) gets."""
     nanny.worker_kwargs["memory_limit"] = limit
     if nanny.process is not None:  # a restart reuses the worker process's arguments
         nanny.process.worker_kwargs["memory_limit"] = limit
+
+
+SHRINKING = "apsi-shrink"  # the nanny's periodic callback that lowers its limit once its worker fits under it
+
+
+def _nanny_follows(nanny: Any, limit: int, spill: float) -> None:
+    """A running worker's nanny takes ``limit`` when ``decide.nanny_limit_now`` says so: at once, or (a smaller one
+    its worker is over) checked as often as the nanny checks its worker's memory, till the worker has spilled
+    down to it. A worker it starts gets ``limit`` in any case."""
+    from tornado.ioloop import PeriodicCallback
+
+    _set_worker_kwargs(nanny, limit)
+    _stop_shrinking(nanny)  # an earlier share's
+    step = partial(_nanny_step, nanny, limit, spill)
+    nanny.periodic_callbacks[SHRINKING] = PeriodicCallback(step, nanny.memory_manager.memory_monitor_interval * 1000)
+    step()
+    if SHRINKING in nanny.periodic_callbacks:
+        nanny.periodic_callbacks[SHRINKING].start()
+        logger.info("apsi_memory: worker %s keeps its %s limit until it has spilled down to its new share, %s",
+                    nanny.worker_address, fmt_size(nanny.memory_manager.memory_limit), fmt_size(limit))
+
+
+def _nanny_step(nanny: Any, limit: int, spill: float) -> None:
+    manager = nanny.memory_manager
+    manager.memory_limit = nanny_limit_now(_worker_rss(nanny), manager.memory_limit or limit, limit, spill)
+    if manager.memory_limit == limit:
+        _stop_shrinking(nanny)
+
+
+def _stop_shrinking(nanny: Any) -> None:
+    callback = nanny.periodic_callbacks.pop(SHRINKING, None)
+    if callback is not None:
+        callback.stop()
+
+
+def _worker_rss(nanny: Any) -> int:
+    """The RSS of the worker process a nanny runs, as the nanny reads it (0: none running)."""
+    import psutil
+
+    process = getattr(nanny.process, "process", None)
+    try:
+        return int(psutil.Process(process.pid).memory_info().rss) if process and process.pid else 0
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
 
 
 def dask_setup(server: Any) -> Any:

@@ -317,6 +317,16 @@ P2P_BUFFER_SHARE = 0.10
 P2P_MIN_WORKER_BYTES = 512 * (1 << 20)
 
 
+def nanny_limit_now(rss_bytes: int, current: int, wanted: int, spill: float = DASK_SPILL_FRACTION) -> int:
+    """The limit a running worker's nanny applies now on its way to ``wanted`` (a new share after ``scale``): a
+    larger one at once; a smaller one once the worker's RSS is under its ``spill`` line of it (dask spills a worker
+    above that line down to its target, so it gets there; at the pause line, 15 points under the terminate line, a
+    worker still spilling was killed once), ``current`` till then. Lowered at once, a worker holding more than the
+    smaller limit's terminate line is killed by its own nanny: ``scale(4)`` killed both of two workers holding
+    data."""
+    return wanted if wanted >= current or rss_bytes <= spill * wanted else current
+
+
 def dask_settings(limit_bytes: int, nthreads: int = 1, lines: WorkerLines | None = None) -> dict[str, int | str]:
     """The ``dask.config`` values a worker limit implies: array chunk size (``chunk_bytes``, between the spill
     target and the pause of ``lines``, dask's defaults if None), the two p2p buffers and the rechunk method."""
