@@ -459,7 +459,9 @@ if __name__ == "__main__":
     while not os.path.exists("s.json"):
         time.sleep(0.1)
     time.sleep(0.5)
-    worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", "s.json",
+    prefix = json.loads(os.environ.get("APSI_TEST_WORKER_PREFIX", "[]"))  # the worker alone in a group
+    worker = subprocess.Popen([*prefix, sys.executable, "-m", "distributed.cli.dask_worker",
+                               "--scheduler-file", "s.json",
                                "--nworkers", "2", "--nthreads", "1", "--no-dashboard", *sys.argv[1:]],
                               stderr=open("worker.log", "w"))
     try:
@@ -475,12 +477,16 @@ if __name__ == "__main__":
 """
 
 
-def _dask_worker(tmp_path: Path, *args: str, group: Any = None) -> tuple[dict[str, Any], str]:
-    """A ``dask scheduler`` and a ``dask worker --nworkers 2 ARGS``, in ``group`` (a real cgroup) if given."""
+def _dask_worker(tmp_path: Path, *args: str, group: Any = None,
+                 worker_only: bool = False) -> tuple[dict[str, Any], str]:
+    """A client, a ``dask scheduler`` and a ``dask worker --nworkers 2 ARGS``, all in ``group`` (a real cgroup) if
+    given, or the worker alone there (``worker_only``: client and scheduler outside, as in a worker-only pod)."""
     script = tmp_path / "run.py"
     script.write_text(SCHEDULER_AND_WORKER)
     argv = [sys.executable, str(script), *args]
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "APSI_TEST_SLOWDOWN": str(slowdown())}
+    if worker_only:
+        env["APSI_TEST_WORKER_PREFIX"], group = json.dumps(group.wrap([])), None
     if group is None and (strangers := dask_workers_in_group()):
         # their workers share this group's memory too (as they should): the expected share would be a guess
         pytest.skip(f"{len(strangers)} dask worker processes of another job run in this test's cgroup")
@@ -494,16 +500,34 @@ def _dask_worker(tmp_path: Path, *args: str, group: Any = None) -> tuple[dict[st
     return json.loads(done.stdout.strip().splitlines()[-1]), log
 
 
-def _worker_only_share(usable: int) -> int:
-    return (usable - decide.DASK_WORKER_PROCESS_BYTES) // 2  # one dask worker process, two workers, no client
+def _share(usable: int, client_too: bool = True) -> int:
+    """Each of 2 workers' share: usable less one ``dask worker`` process, and less the client's and scheduler's
+    256 MiB where they share the group (as the test runner and the script do on the host)."""
+    outside = decide.DASK_WORKER_PROCESS_BYTES + (DASK_OUTSIDE_WORKERS_BYTES if client_too else 0)
+    return (usable - outside) // 2
 
+
+def test_the_preload_leaves_a_scheduler_and_client_in_its_group_their_memory(sim_machine: Callable[..., Any]) -> None:
+    """With no scheduler in its own process the preload took every group for a worker-only pod: beside a
+    scheduler and a client, 2 workers took 464 MiB each of 1 GiB (issue 30 item 5)."""
+    tree = sim_machine(machines.docker_v1, limit=1 * GiB, usage=300 * MiB)
+    own = (tree.root / "proc/self/cgroup").read_text()
+    for pid, argv in ((101, ["python3", "-m", "distributed.cli.dask_worker", "--nworkers", "2"]),
+                      (102, ["python3", "-m", "distributed.cli.dask_scheduler"]), (103, ["python3", "client.py"])):
+        tree.write(f"/proc/{pid}/cmdline", "\0".join(argv) + "\0")
+        tree.write(f"/proc/{pid}/cgroup", own if pid == 101 else "0::/elsewhere\n")
+    assert amd._chosen_limit(None, 1, 2, scheduler_here=False) == (GiB - decide.DASK_WORKER_PROCESS_BYTES) // 2
+    for pid in (102, 103):
+        tree.write(f"/proc/{pid}/cgroup", own)  # now in the worker's group
+    assert amd._chosen_limit(None, 1, 2, scheduler_here=False) == \
+        (GiB - decide.DASK_WORKER_PROCESS_BYTES - DASK_OUTSIDE_WORKERS_BYTES) // 2
 
 def test_dask_worker_preload_works_and_shares_the_memory_between_its_workers(tmp_path: Path) -> None:
     """``dask worker --preload apsi_memory.dask --nworkers 2`` logged a traceback and started each worker with the
-    host's memory. Each now gets half of what is usable less one ``dask worker`` process (no client runs here),
-    says so in the worker log, and runs PressurePlugin."""
+    host's memory. Each now gets half of what is usable less one ``dask worker`` process and the client's and
+    scheduler's memory (both run here), says so in the worker log, and runs PressurePlugin."""
     shown, log = _dask_worker(tmp_path, "--preload", "apsi_memory.dask")
-    share = _worker_only_share(memory.limits().usable_bytes)
+    share = _share(memory.limits().usable_bytes)
     assert shown["limits"] == [share] * 2, log[-3000:]
     assert shown["plugins"].count("apsi-pressure") == 2
     assert "Traceback" not in log and log.count(f"worker memory limit {fmt_size(share)} (2 workers") == 2
@@ -518,11 +542,16 @@ def test_an_explicit_memory_limit_is_kept_and_one_above_the_share_warned_of(tmp_
 
 
 @pytest.mark.real
-def test_in_a_real_1gib_group_dask_worker_preload_gets_half_less_its_process(memcg: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("worker_only", [True, False])
+def test_in_a_real_1gib_group_dask_worker_preload_leaves_room_for_what_else_runs_there(
+        memcg: Any, tmp_path: Path, worker_only: bool) -> None:
+    """Alone in its group (a worker-only pod) each of 2 workers gets half of 1 GiB less its ``dask worker``
+    process. With the scheduler and client in the group too, it took the same 464 MiB (928 MiB of workers beside
+    them): they now leave them 256 MiB (issue 30 item 5)."""
     with memcg(GiB, prefix=f"apsi-i22dask-{os.getpid()}") as group:
-        shown, log = _dask_worker(tmp_path, "--preload", "apsi_memory.dask", group=group)
+        shown, log = _dask_worker(tmp_path, "--preload", "apsi_memory.dask", group=group, worker_only=worker_only)
         kills = group.oom_kills()
-    assert shown["limits"] == [_worker_only_share(GiB)] * 2, log[-3000:]
+    assert shown["limits"] == [_share(GiB, client_too=not worker_only)] * 2, log[-3000:]
     assert kills == 0
 
 

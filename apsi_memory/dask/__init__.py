@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
                             "(in a checkout: pip install '.[dask]')") from exc
 
 from .. import decide
-from ..adapters.dask_workers import dask_workers_in_group, family
+from ..adapters.dask_workers import family, group_dask
 from ..decide import (
     DASK_PAUSE_FRACTION,
     MIN_CHUNK_BYTES,
@@ -363,8 +363,9 @@ def dask_setup(server: Any) -> Any:
     ``--memory-limit`` is kept (with a WARNING when it is more than the group's share). The workers sharing the
     machine are ``APSI_DASK_WORKERS`` (or the ``apsi-memory.workers`` dask setting) when set, else the most of this
     process's nannies serving the same scheduler and the workers of the ``dask worker`` processes in this cgroup
-    (``adapters.dask_workers``). Where no scheduler runs in this process (a worker-only pod) the memory kept
-    outside the workers is ``DASK_WORKER_PROCESS_BYTES`` per ``dask worker`` process, not the client's 256 MiB."""
+    (``adapters.dask_workers``). Where no scheduler runs in this process the memory kept outside the workers is
+    ``DASK_WORKER_PROCESS_BYTES`` per ``dask worker`` process, plus the client's 256 MiB where another Python
+    process (a ``dask scheduler``, a client) shares the group: only a worker-only pod goes without it."""
     if isinstance(server, Nanny):
         return _setup_nanny(server)
     if isinstance(server, Worker):
@@ -375,7 +376,7 @@ def dask_setup(server: Any) -> Any:
 
 def _setup_nanny(nanny: Any) -> None:
     limit = _chosen_limit(nanny.memory_manager.memory_limit, nanny.nthreads, _nannies_here(nanny),
-                          worker_only=not _schedulers_here())
+                          scheduler_here=bool(_schedulers_here()))
     _set_nanny_limit(nanny, limit)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
 
@@ -385,7 +386,7 @@ def _setup_worker(worker: Any) -> Any:
         return None  # the nanny preload did it already
     start = family(machine().root)
     limit = _chosen_limit(worker.memory_manager.memory_limit, worker.state.nthreads, start.spawned,
-                          worker_only=start.worker_only)
+                          scheduler_here=not start.worker_only)
     worker.memory_manager.memory_limit = limit
     fraction = dask.config.get("distributed.worker.memory.transfer")
     if fraction is not False:
@@ -393,13 +394,13 @@ def _setup_worker(worker: Any) -> Any:
     return worker.plugin_add(PressurePlugin())  # a coroutine: the preload awaits it before the worker registers
 
 
-def _chosen_limit(current: int | None, nthreads: int, here: int, worker_only: bool) -> int:
+def _chosen_limit(current: int | None, nthreads: int, here: int, scheduler_here: bool) -> int:
     """The limit a worker starts with: the one given with ``--memory-limit``, else its share of this machine
-    between ``here`` workers (this ``dask worker``'s) or those of every ``dask worker`` in the group, if more."""
-    processes = dask_workers_in_group(machine().root)
-    count = workers_from_env() or max(here, sum(processes), 1)
-    outside = decide.DASK_WORKER_PROCESS_BYTES * max(1, len(processes)) if worker_only else \
-        decide.DASK_OUTSIDE_WORKERS_BYTES
+    between ``here`` workers (this ``dask worker``'s) or those of every ``dask worker`` in the group, if more,
+    less what the rest of the group keeps (``decide.dask_outside_bytes``: a scheduler or client there counts)."""
+    group = group_dask(machine().root)
+    count = workers_from_env() or max(here, sum(group.workers), 1)
+    outside = decide.dask_outside_bytes(scheduler_here, len(group.workers), group.others)
     share = worker_memory_limit(count, nthreads, outside)
     if current is not None and not _dask_chose(current, nthreads):
         if current > share:

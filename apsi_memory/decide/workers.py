@@ -50,6 +50,16 @@ def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1,
     return share
 
 
+def dask_outside_bytes(scheduler_here: bool, worker_processes: int, others: int) -> int:
+    """What a group's dask workers leave to the rest of it: ``DASK_OUTSIDE_WORKERS_BYTES`` where the scheduler (and
+    so the client, with its ``LocalCluster``) runs in the nannies' process; else ``DASK_WORKER_PROCESS_BYTES`` per
+    ``dask worker`` process, plus ``DASK_OUTSIDE_WORKERS_BYTES`` where ``others`` (a scheduler, a client) share the
+    group: counted as a worker-only pod, 2 workers beside them took 464 MiB each of 1 GiB."""
+    if scheduler_here:
+        return DASK_OUTSIDE_WORKERS_BYTES
+    return DASK_WORKER_PROCESS_BYTES * max(1, worker_processes) + (DASK_OUTSIDE_WORKERS_BYTES if others else 0)
+
+
 def chunk_bytes(limit_bytes: int, nthreads: int = 1, target: float = DASK_SPILL_TARGET,
                 pause: float = DASK_PAUSE_FRACTION) -> int:
     """The largest power-of-two chunk (at least 1 MiB, at most dask's default ``MAX_CHUNK_BYTES``) such that
