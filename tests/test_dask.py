@@ -52,6 +52,13 @@ def client() -> Iterator[Any]:
         yield c
 
 
+@pytest.fixture(autouse=True)
+def clusters_of_this_test_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clusters a test opens share the group with each other (``cluster()`` counts this process's open ones),
+    not with the module's ``client`` cluster, which stays open across tests and would change every share."""
+    monkeypatch.setattr(amd, "_open", weakref.WeakSet())
+
+
 def registered_limits(client: Any) -> list[int]:
     return sorted(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
 
@@ -318,14 +325,35 @@ def test_scale_shares_the_memory_again_and_each_thread_worker_has_its_own_plugin
         assert all(p.worker.address == address for address, p in plugins.items())
 
 
+def _limits_become(client: Any, wanted: list[int]) -> None:
+    deadline = time.monotonic() + stretched(30)
+    while registered_limits(client) != wanted and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert registered_limits(client) == wanted
+
+
 def test_adapt_shares_the_memory_between_the_workers_it_starts() -> None:
     with amd.cluster(n_workers=1, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
         c.adapt(minimum=3, maximum=3, interval="100ms")
         cl.wait_for_workers(3, timeout=stretched(30))
-        deadline = time.monotonic() + 10
-        while registered_limits(cl) != [amd.worker_memory_limit(3)] * 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
+        _limits_become(cl, [amd.worker_memory_limit(3)] * 3)
+
+
+def test_a_second_cluster_shares_the_group_with_the_first(sim_machine: Callable[..., Any]) -> None:
+    """Two cluster() in one process each gave its workers the group's share: 4 x 384 MiB of workers in 1 GiB
+    (issue 30 item 6). The second shares it with the first's workers, which get the larger share back when it
+    closes; scaling either counts the other's workers."""
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=300 * MiB)
+    two, three, four = (amd.worker_memory_limit(n) for n in (2, 3, 4))
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as first, first.get_client() as a:
+        with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as second, \
+                second.get_client() as b:
+            assert registered_limits(b) == [four] * 2
+            _limits_become(a, [four] * 2)
+            second.scale(1)
+            _limits_become(a, [three] * 2)
+            _limits_become(b, [three])
+        _limits_become(a, [two] * 2)
 
 
 def _pid_and_rss() -> tuple[int, int]:
@@ -389,10 +417,7 @@ def test_scale_by_cores_shares_the_memory_too() -> None:
 def test_adapt_scaling_down_gives_the_remaining_workers_the_larger_share() -> None:
     with amd.cluster(n_workers=3, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
         c.adapt(minimum=1, maximum=1, interval="100ms", wait_count=1)
-        deadline = time.monotonic() + stretched(30)
-        while registered_limits(cl) != [amd.worker_memory_limit(1)] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert registered_limits(cl) == [amd.worker_memory_limit(1)]
+        _limits_become(cl, [amd.worker_memory_limit(1)])
         assert [w.memory_manager.memory_limit for w in c.workers.values()] == [amd.worker_memory_limit(1)]
 
 

@@ -41,6 +41,7 @@ import math
 import os
 import pickle
 import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import partial
@@ -100,7 +101,7 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     here and on the workers, except any the caller set to a value other than dask's default, and set back here when
     the cluster closes; the chunk size sits between dask's own spill target and pause lines as the caller set
     them, ``decide.workers.worker_lines``). ``scale`` and ``adapt`` share the memory again between the new number
-    of workers. ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold
+    of workers; this process's open clusters share one group (their workers count, and get the share too). ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold
     that many. Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on
     ``scale``, with a ``BudgetWarning`` when it is more than the share; ``"auto"`` is the rule, the group's share,
     not dask's share of the host)."""
@@ -108,7 +109,7 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
     fixed = kw.get("memory_limit")
     fixed = None if fixed == "auto" else fixed  # dask's "auto" is the host's share; the group's is ours
-    share = worker_memory_limit(n_workers, threads_per_worker)
+    share = worker_memory_limit(n_workers + _workers_elsewhere(), threads_per_worker)  # with open clusters'
     limit = _limit_bytes(fixed) if fixed is not None else share
     if limit > share:
         warnings.warn(BudgetWarning(f"cluster(memory_limit={fixed!r}): {fmt_size(limit)} is more than each of "
@@ -118,7 +119,7 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     kw["memory_limit"] = limit
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
     before = _settings_now(decide.dask_settings(limit, threads_per_worker))
-    follow_limit(limit, threads_per_worker)
+    settings = follow_limit(limit, threads_per_worker)
     try:
         with dask.config.set({"distributed.worker.memory.pause": False}):  # PressurePlugin pauses: dask undoes it
             made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
@@ -126,7 +127,42 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
         _restore(before)
         raise
     made.fixed_limit, made.config_before = fixed is not None, before
+    _open.add(made)
+    _share_elsewhere(made, share, settings)
     return made
+
+
+_open: weakref.WeakSet[MemoryCluster] = weakref.WeakSet()  # this process's clusters: they share one group
+
+
+def _workers_elsewhere(cluster: Any = None) -> int:
+    """The workers of this process's open clusters other than ``cluster``: they live in the same group."""
+    return sum(len(other.worker_spec) for other in list(_open) if other is not cluster and _is_open(other))
+
+
+def _is_open(cluster: Any) -> bool:
+    return bool(cluster.status == Status.running)
+
+
+def _share_elsewhere(cluster: Any, limit: int, settings: dict[str, int | str]) -> None:
+    """Give ``limit`` to the workers of this process's other open clusters (each running one spills down to a
+    smaller limit first), on their own event loops; waited for unless called from an event loop."""
+    for other in list(_open):
+        if other is cluster or other.fixed_limit or not _is_open(other):
+            continue
+        other.new_spec["options"]["memory_limit"] = limit
+        done = asyncio.run_coroutine_threadsafe(other._share(limit, settings), other.loop.asyncio_loop)
+        if _running_loop() is None:
+            done.result()
+        logger.info("apsi_memory: worker memory limit %s for the %d workers of another cluster of this process",
+                    fmt_size(limit), len(other.worker_spec))
+
+
+def _give_back(closed: Any) -> None:
+    """The memory a closed cluster's workers had goes back to this process's other clusters."""
+    left = [other for other in list(_open) if other is not closed and _is_open(other) and not other.fixed_limit]
+    if left:
+        left[0].share_between(len(left[0].worker_spec))
 
 
 def _settings_now(keys: Iterable[str]) -> dict[str, tuple[Any, bool]]:
@@ -200,6 +236,8 @@ class MemoryCluster(LocalCluster):
         finally:
             _restore(self.config_before or {})
             self.config_before = None
+            _open.discard(self)
+            _give_back(self)
 
     def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
         if cores is not None:  # dask's own rule for cores=, applied here so that they are shared too
@@ -215,22 +253,27 @@ class MemoryCluster(LocalCluster):
             await self._share(*self._new_share(len(self.worker_spec)))
 
     def share_between(self, n: int) -> int:
-        """Set ``worker_memory_limit(n)`` for the workers to come and those running (each running one spills down
-        to a smaller share before its nanny applies it: ``decide.nanny_limit_now``), and its dask settings."""
+        """Set ``worker_memory_limit(n)`` (``n`` and the workers of this process's other open clusters sharing the
+        group; they get it too) for the workers to come and those running (each running one spills down to a
+        smaller share before its nanny applies it: ``decide.nanny_limit_now``), and its dask settings."""
         limit, settings = self._new_share(n)
         running = _running_loop()
         if running is not None and running is self.loop.asyncio_loop:  # adapt() scales from the cluster's loop
             self._sharing = asyncio.ensure_future(self._share(limit, settings))
+        elif running is not None:  # another cluster's loop, closing: not blocked on this one
+            asyncio.run_coroutine_threadsafe(self._share(limit, settings), self.loop.asyncio_loop)
         else:
             self.sync(self._share, limit, settings)
         return limit
 
     def _new_share(self, n: int) -> tuple[int, dict[str, int | str]]:
+        """The share of ``n`` workers and this process's other clusters' (who get it too), and its settings."""
         threads = self._threads_per_worker()
-        limit = worker_memory_limit(n, threads)
+        limit = worker_memory_limit(n + _workers_elsewhere(self), threads)
         settings = follow_limit(limit, threads)
         self.new_spec["options"]["memory_limit"] = limit  # the specs of the running workers share this dict
         logger.info("apsi_memory: worker memory limit %s (%d workers)", fmt_size(limit), n)
+        _share_elsewhere(self, limit, settings)
         return limit, settings
 
     async def _share(self, limit: int, settings: dict[str, int | str]) -> None:
