@@ -77,7 +77,7 @@ from ..machinery.machines import machine
 from ..machinery.watcher import relieve
 from ..units import fmt_size
 from .holders import group_holders
-from .settings import dask_defaults, max_pause_s, memory_lines, set_by_user
+from .settings import CHUNK_SETTING, dask_defaults, max_pause_s, memory_lines, note_kept_chunk, set_by_user
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
@@ -206,8 +206,10 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
     ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
     ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
     defaults = dask_defaults()
-    settings = {key: value for key, value in decide.dask_settings(limit, nthreads, memory_lines()).items()
-                if _ours_to_set(key, defaults)}
+    advised = decide.dask_settings(limit, nthreads, memory_lines())
+    settings = {key: value for key, value in advised.items() if _ours_to_set(key, defaults)}
+    if CHUNK_SETTING not in settings:
+        note_kept_chunk(int(advised[CHUNK_SETTING]), limit)
     dask.config.set(settings)
     _settings_made.update(settings)
     logger.info("apsi_memory: dask settings for a %s worker: %s", fmt_size(limit), settings)
