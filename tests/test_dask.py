@@ -378,8 +378,10 @@ def test_scale_up_keeps_the_running_workers_and_their_data(sim_machine: Callable
     four = amd.worker_memory_limit(4)
     with amd.cluster(n_workers=2, processes=True, dashboard_address=":0", local_directory=str(tmp_path)) as c, \
             c.get_client() as cl:
-        held = [cl.persist(da.arange(16 * MiB, chunks=4 * MiB, dtype=np.float64) + number, workers=[address])
-                for number, address in enumerate(cl.scheduler_info()["workers"])]  # 4 chunks of 32 MiB in each
+        # 16 chunks of 8 MiB in each: chunks of the size that fits the new share (chunk_bytes), not dask's 128 MiB,
+        # so that reading them back after the spill does not pause the smaller workers
+        held = [cl.persist(da.arange(16 * MiB, chunks=MiB, dtype=np.float64) + number, workers=[address])
+                for number, address in enumerate(cl.scheduler_info()["workers"])]
         wait(held)
         before = cl.run(_pid_and_rss)
         over = dask.config.get("distributed.worker.memory.terminate") * four
