@@ -225,3 +225,31 @@ def test_the_benchmark_tells_a_killed_worker_from_a_time_limit() -> None:
     assert killed["error"] == "KilledWorker" and 1.0 <= killed["wall_s"] < 60
     assert dask_cgroup._finished(killed) == f"no: KilledWorker after {killed['wall_s']} s"
     assert slow["error"] is None and dask_cgroup._finished(slow) == "no: time limit"
+
+
+@pytest.mark.parametrize("size", ["128MiB", "8MiB"])
+def test_an_explicit_chunk_size_is_kept_even_at_dasks_default_and_warned_of_where_it_will_not_fit(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, size: str) -> None:
+    """DASK_ARRAY__CHUNK_SIZE=128MiB equals dask's default, and cluster() took it for no setting at all and set
+    16 MiB for a 384 MiB worker (issue 30 item 3). It is the user's: kept, with a WARNING where it will not fit;
+    a size that fits is kept without one."""
+    monkeypatch.setenv("DASK_ARRAY__CHUNK_SIZE", size)
+    with dask.config.set({"array.chunk-size": size}), caplog.at_level(logging.WARNING, "distributed.apsi_memory"):
+        settings_made = amd.follow_limit(384 * MiB, 1)
+        assert "array.chunk-size" not in settings_made and dask.config.get("array.chunk-size") == size
+    warned = [r.getMessage() for r in caplog.records if "array.chunk-size" in r.getMessage()]
+    if size == "128MiB":
+        assert warned == [("apsi_memory: dask setting array.chunk-size='128MiB' kept (yours), but a 384.00 MiB "
+                           "worker fits chunks of 16.00 MiB: arrays chunked at 128.00 MiB may pause or kill its "
+                           "workers")]
+    else:
+        assert warned == []
+
+
+def test_control_dasks_default_chunk_size_not_given_is_ours_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DASK_ARRAY__CHUNK_SIZE", raising=False)
+    before = dask.config.get("array.chunk-size")
+    try:
+        assert amd.follow_limit(384 * MiB, 1)["array.chunk-size"] == 16 * MiB
+    finally:
+        dask.config.set({"array.chunk-size": before})

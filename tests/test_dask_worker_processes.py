@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apsi_memory.adapters.dask_workers import dask_workers_in_group, parse_nworkers
+from apsi_memory.adapters.dask_workers import GroupDask, dask_workers_in_group, group_dask, parse_nworkers
 from sim.tree import SimTree
 
 OWN = "12:memory:/pods/a\n0::/pods/a\n"
@@ -39,3 +39,22 @@ def test_only_the_dask_workers_of_this_group_are_counted(tmp_path: Path) -> None
     _process(tree, 104, ["dask", "scheduler"], OWN)
     assert sorted(dask_workers_in_group(str(tmp_path))) == [1, 2]
     assert dask_workers_in_group(str(tmp_path / "nothing")) == []
+
+
+SPAWNED = ["/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",
+           "--multiprocessing-fork"]
+
+
+def test_a_scheduler_or_client_in_the_group_is_seen_not_a_shell_or_a_workers_own_process(tmp_path: Path) -> None:
+    """The preload took a group with a scheduler and a client for a worker-only pod (issue 30 item 5): they are
+    the other Python processes of the group; a worker's spawned process or a shell is not one."""
+    tree = SimTree(tmp_path)
+    tree.write("/proc/self/cgroup", OWN)
+    _process(tree, 101, ["/usr/bin/python3", "/usr/bin/dask", "worker", "tcp://s:8786", "--nworkers", "2"], OWN)
+    _process(tree, 102, SPAWNED, OWN)
+    _process(tree, 103, ["/bin/sh", "-c", "exec tail -f /dev/null"], OWN)
+    _process(tree, 104, ["python3", "client.py"], "12:memory:/pods/b\n0::/pods/b\n")  # another pod's
+    assert group_dask(str(tmp_path)) == GroupDask((2,), 0)  # a worker-only pod
+    _process(tree, 105, ["/usr/bin/python3", "/usr/bin/dask", "scheduler"], OWN)
+    _process(tree, 106, ["python3.11", "client.py"], OWN)
+    assert group_dask(str(tmp_path)) == GroupDask((2,), 2)

@@ -4,7 +4,9 @@ shares the group's memory between all their workers: two ``dask worker`` process
 
 Each counts for its ``--nworkers`` (default 1). Processes are matched by their command line only (``dask worker``,
 ``dask-worker``, ``python -m distributed.cli.dask_worker``) and by a ``/proc/<pid>/cgroup`` identical to this
-process's; one that starts later is not seen, so set ``APSI_DASK_WORKERS`` where workers start together.
+process's; one that starts later is not seen, so set ``APSI_DASK_WORKERS`` where workers start together. The other
+Python processes of the group (a scheduler, a client: ``group_dask``) tell a worker-only pod from one where the
+client and scheduler share the memory (there each of 2 workers took 464 MiB of 1 GiB).
 """
 
 from __future__ import annotations
@@ -40,20 +42,43 @@ def _whole(text: str) -> int:
     return int(text) if text.isdigit() and int(text) > 0 else 1
 
 
-def dask_workers_in_group(root: str = "/") -> list[int]:
-    """The ``--nworkers`` of each ``dask worker`` process whose cgroups are this process's (empty: none seen)."""
+@dataclass(frozen=True)
+class GroupDask:
+    """What shares this process's cgroup with its dask workers: the ``--nworkers`` of each ``dask worker`` process,
+    and ``others``, the other Python processes (a ``dask scheduler``, a client, a notebook kernel) whose memory is
+    the group's too. Processes started by ``multiprocessing`` (a nanny's worker) belong to their parent's count."""
+
+    workers: tuple[int, ...] = ()
+    others: int = 0
+
+
+def group_dask(root: str = "/") -> GroupDask:
+    """Read from ``/proc``: the processes whose cgroups are this process's (nothing, where that is not readable)."""
     own = read_text(root, "/proc/self/cgroup")
     if own is None:
-        return []
-    found = []
+        return GroupDask()
+    workers, others = [], 0
     for pid in _pids(root):
         if read_text(root, f"/proc/{pid}/cgroup") != own:
             continue
-        cmdline = read_text(root, f"/proc/{pid}/cmdline")
-        workers = parse_nworkers(cmdline.rstrip("\0").split("\0")) if cmdline else 0
-        if workers:
-            found.append(workers)
-    return found
+        argv = (read_text(root, f"/proc/{pid}/cmdline") or "").rstrip("\0").split("\0")
+        count = parse_nworkers(argv)
+        if count:
+            workers.append(count)
+        elif _is_other_python(argv):
+            others += 1
+    return GroupDask(tuple(workers), others)
+
+
+def _is_other_python(argv: list[str]) -> bool:
+    """A Python process not started by ``multiprocessing`` (``spawn_main``, its resource tracker): a client,
+    a scheduler, a notebook. Small non-Python processes (a container's ``tini`` or ``sh``) do not count."""
+    return "python" in os.path.basename(argv[0]) and not any("multiprocessing" in word for word in argv)
+
+
+def dask_workers_in_group(root: str = "/") -> list[int]:
+    """The ``--nworkers`` of each ``dask worker`` process whose cgroups are this process's (empty: none seen)."""
+    return list(group_dask(root).workers)
 
 
 def _pids(root: str) -> list[str]:

@@ -37,11 +37,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import os
 import pickle
 import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from ..errors import ArgumentError, ArgumentTypeError, BudgetWarning, MissingExtraError
@@ -56,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
                             "(in a checkout: pip install '.[dask]')") from exc
 
 from .. import decide
-from ..adapters.dask_workers import dask_workers_in_group, family
+from ..adapters.dask_workers import family, group_dask
 from ..decide import (
     DASK_PAUSE_FRACTION,
     MIN_CHUNK_BYTES,
@@ -65,6 +68,7 @@ from ..decide import (
     WorkerReading,
     chunk_bytes,
     holders_text,
+    nanny_limit_now,
     ram_tier_limit,
     task_need_bytes,
     worker_pause_step,
@@ -73,7 +77,7 @@ from ..machinery.machines import machine
 from ..machinery.watcher import relieve
 from ..units import fmt_size
 from .holders import group_holders
-from .settings import dask_defaults, max_pause_s, memory_lines, set_by_user
+from .settings import CHUNK_SETTING, dask_defaults, max_pause_s, memory_lines, note_kept_chunk, set_by_user
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
@@ -97,7 +101,7 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     here and on the workers, except any the caller set to a value other than dask's default, and set back here when
     the cluster closes; the chunk size sits between dask's own spill target and pause lines as the caller set
     them, ``decide.workers.worker_lines``). ``scale`` and ``adapt`` share the memory again between the new number
-    of workers. ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold
+    of workers; this process's open clusters share one group (their workers count, and get the share too). ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold
     that many. Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on
     ``scale``, with a ``BudgetWarning`` when it is more than the share; ``"auto"`` is the rule, the group's share,
     not dask's share of the host)."""
@@ -105,7 +109,7 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
     fixed = kw.get("memory_limit")
     fixed = None if fixed == "auto" else fixed  # dask's "auto" is the host's share; the group's is ours
-    share = worker_memory_limit(n_workers, threads_per_worker)
+    share = worker_memory_limit(n_workers + _workers_elsewhere(), threads_per_worker)  # with open clusters'
     limit = _limit_bytes(fixed) if fixed is not None else share
     if limit > share:
         warnings.warn(BudgetWarning(f"cluster(memory_limit={fixed!r}): {fmt_size(limit)} is more than each of "
@@ -115,7 +119,7 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     kw["memory_limit"] = limit
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
     before = _settings_now(decide.dask_settings(limit, threads_per_worker))
-    follow_limit(limit, threads_per_worker)
+    settings = follow_limit(limit, threads_per_worker)
     try:
         with dask.config.set({"distributed.worker.memory.pause": False}):  # PressurePlugin pauses: dask undoes it
             made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
@@ -123,7 +127,42 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
         _restore(before)
         raise
     made.fixed_limit, made.config_before = fixed is not None, before
+    _open.add(made)
+    _share_elsewhere(made, share, settings)
     return made
+
+
+_open: weakref.WeakSet[MemoryCluster] = weakref.WeakSet()  # this process's clusters: they share one group
+
+
+def _workers_elsewhere(cluster: Any = None) -> int:
+    """The workers of this process's open clusters other than ``cluster``: they live in the same group."""
+    return sum(len(other.worker_spec) for other in list(_open) if other is not cluster and _is_open(other))
+
+
+def _is_open(cluster: Any) -> bool:
+    return bool(cluster.status == Status.running)
+
+
+def _share_elsewhere(cluster: Any, limit: int, settings: dict[str, int | str]) -> None:
+    """Give ``limit`` to the workers of this process's other open clusters (each running one spills down to a
+    smaller limit first), on their own event loops; waited for unless called from an event loop."""
+    for other in list(_open):
+        if other is cluster or other.fixed_limit or not _is_open(other):
+            continue
+        other.new_spec["options"]["memory_limit"] = limit
+        done = asyncio.run_coroutine_threadsafe(other._share(limit, settings), other.loop.asyncio_loop)
+        if _running_loop() is None:
+            done.result()
+        logger.info("apsi_memory: worker memory limit %s for the %d workers of another cluster of this process",
+                    fmt_size(limit), len(other.worker_spec))
+
+
+def _give_back(closed: Any) -> None:
+    """The memory a closed cluster's workers had goes back to this process's other clusters."""
+    left = [other for other in list(_open) if other is not closed and _is_open(other) and not other.fixed_limit]
+    if left:
+        left[0].share_between(len(left[0].worker_spec))
 
 
 def _settings_now(keys: Iterable[str]) -> dict[str, tuple[Any, bool]]:
@@ -167,8 +206,10 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
     ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
     ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
     defaults = dask_defaults()
-    settings = {key: value for key, value in decide.dask_settings(limit, nthreads, memory_lines()).items()
-                if _ours_to_set(key, defaults)}
+    advised = decide.dask_settings(limit, nthreads, memory_lines())
+    settings = {key: value for key, value in advised.items() if _ours_to_set(key, defaults)}
+    if CHUNK_SETTING not in settings:
+        note_kept_chunk(int(advised[CHUNK_SETTING]), limit)
     dask.config.set(settings)
     _settings_made.update(settings)
     logger.info("apsi_memory: dask settings for a %s worker: %s", fmt_size(limit), settings)
@@ -183,8 +224,9 @@ _settings_made: dict[str, Any] = {}  # what follow_limit set last: a later clust
 
 
 class MemoryCluster(LocalCluster):
-    """``cluster()``'s ``LocalCluster``: ``scale(n)`` (and ``adapt``, which scales) gives every worker, running or
-    new, ``worker_memory_limit(n)`` and the dask settings that follow from it."""
+    """``cluster()``'s ``LocalCluster``: ``scale(n)`` or ``scale(cores=…)`` (and ``adapt``, up or down) gives every
+    worker, running or new, ``worker_memory_limit(n)`` and the dask settings that follow from it; a running worker
+    over a smaller share spills down to it before its nanny applies it (``decide.nanny_limit_now``)."""
 
     fixed_limit = False
     config_before: dict[str, tuple[Any, bool]] | None = None  # dask.config before cluster(): restored at close
@@ -196,35 +238,56 @@ class MemoryCluster(LocalCluster):
         finally:
             _restore(self.config_before or {})
             self.config_before = None
+            _open.discard(self)
+            _give_back(self)
 
     def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
-        if memory is None and cores is None and n >= 1 and not self.fixed_limit:
+        if cores is not None:  # dask's own rule for cores=, applied here so that they are shared too
+            n = max(n, math.ceil(cores / self._threads_per_worker()))
+        if memory is None and n >= 1 and not self.fixed_limit:
             self.share_between(n)
-        return super().scale(n, memory=memory, cores=cores)
+        return super().scale(n, memory=memory)
+
+    async def scale_down(self, workers: Iterable[str]) -> None:
+        """``adapt`` retires workers through this, not ``scale``: those left share the memory they freed."""
+        await super().scale_down(workers)
+        if self.worker_spec and not self.fixed_limit:
+            await self._share(*self._new_share(len(self.worker_spec)))
 
     def share_between(self, n: int) -> int:
-        """Set ``worker_memory_limit(n)`` for the workers to come and those running, and its dask settings."""
-        threads = self._threads_per_worker()
-        limit = worker_memory_limit(n, threads)
-        settings = follow_limit(limit, threads)
-        self.new_spec["options"]["memory_limit"] = limit  # the specs of the running workers share this dict
+        """Set ``worker_memory_limit(n)`` (``n`` and the workers of this process's other open clusters sharing the
+        group; they get it too) for the workers to come and those running (each running one spills down to a
+        smaller share before its nanny applies it: ``decide.nanny_limit_now``), and its dask settings."""
+        limit, settings = self._new_share(n)
         running = _running_loop()
         if running is not None and running is self.loop.asyncio_loop:  # adapt() scales from the cluster's loop
             self._sharing = asyncio.ensure_future(self._share(limit, settings))
+        elif running is not None:  # another cluster's loop, closing: not blocked on this one
+            asyncio.run_coroutine_threadsafe(self._share(limit, settings), self.loop.asyncio_loop)
         else:
             self.sync(self._share, limit, settings)
-        logger.info("apsi_memory: worker memory limit %s (%d workers)", fmt_size(limit), n)
         return limit
+
+    def _new_share(self, n: int) -> tuple[int, dict[str, int | str]]:
+        """The share of ``n`` workers and this process's other clusters' (who get it too), and its settings."""
+        threads = self._threads_per_worker()
+        limit = worker_memory_limit(n + _workers_elsewhere(self), threads)
+        settings = follow_limit(limit, threads)
+        self.new_spec["options"]["memory_limit"] = limit  # the specs of the running workers share this dict
+        logger.info("apsi_memory: worker memory limit %s (%d workers)", fmt_size(limit), n)
+        _share_elsewhere(self, limit, settings)
+        return limit, settings
 
     async def _share(self, limit: int, settings: dict[str, int | str]) -> None:
         for state in self.scheduler.workers.values():
             state.memory_limit = limit  # what the scheduler plans with
-        for nanny in self.workers.values():
-            if isinstance(nanny, Nanny):
-                _set_nanny_limit(nanny, limit)
-        if self.scheduler.workers:
+        if self.scheduler.workers:  # first: a worker spills down to a smaller limit before its nanny applies it
             await self.scheduler.broadcast(msg={"op": "run", "function": pickle.dumps(_worker_follows),
                                                 "args": pickle.dumps((limit, settings))}, on_error="ignore")
+        spill = dask.config.get("distributed.worker.memory.spill") or memory_lines().pause  # dask's, as set here
+        for nanny in self.workers.values():
+            if isinstance(nanny, Nanny):
+                _nanny_follows(nanny, limit, spill)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -235,9 +298,14 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def _worker_follows(limit: int, settings: dict[str, int | str], dask_worker: Any) -> None:
-    """On a running worker: the new limit, and the p2p buffers (read once when the worker started) with it."""
+    """On a running worker: the new limit (its memory monitor spills down to it, and its ``SpillBuffer`` keeps
+    that share of it in RAM), and the p2p buffers (read once when the worker started) with it."""
     dask.config.set(settings)
-    dask_worker.memory_manager.memory_limit = limit
+    manager = dask_worker.memory_manager
+    manager.memory_limit = limit
+    target = manager.memory_target_fraction or manager.memory_spill_fraction
+    if target and hasattr(dask_worker.data, "fast") and hasattr(dask_worker.data, "n"):
+        dask_worker.data.n = int(limit * target)  # as dask sized it at the start
     shuffle = dask_worker.extensions.get("shuffle")
     for key, limiter in (("distributed.p2p.comm.buffer", "memory_limiter_comms"),
                          ("distributed.p2p.storage.buffer", "memory_limiter_disk")):
@@ -280,9 +348,58 @@ def set_limit(nanny: Any, n_workers: int) -> int:
 
 def _set_nanny_limit(nanny: Any, limit: int) -> None:
     nanny.memory_manager.memory_limit = limit
+    _set_worker_kwargs(nanny, limit)
+
+
+def _set_worker_kwargs(nanny: Any, limit: int) -> None:
+    """The limit a worker this nanny starts (or restarts) gets."""
     nanny.worker_kwargs["memory_limit"] = limit
     if nanny.process is not None:  # a restart reuses the worker process's arguments
         nanny.process.worker_kwargs["memory_limit"] = limit
+
+
+SHRINKING = "apsi-shrink"  # the nanny's periodic callback that lowers its limit once its worker fits under it
+
+
+def _nanny_follows(nanny: Any, limit: int, spill: float) -> None:
+    """A running worker's nanny takes ``limit`` when ``decide.nanny_limit_now`` says so: at once, or (a smaller one
+    its worker is over) checked as often as the nanny checks its worker's memory, till the worker has spilled
+    down to it. A worker it starts gets ``limit`` in any case."""
+    from tornado.ioloop import PeriodicCallback
+
+    _set_worker_kwargs(nanny, limit)
+    _stop_shrinking(nanny)  # an earlier share's
+    step = partial(_nanny_step, nanny, limit, spill)
+    nanny.periodic_callbacks[SHRINKING] = PeriodicCallback(step, nanny.memory_manager.memory_monitor_interval * 1000)
+    step()
+    if SHRINKING in nanny.periodic_callbacks:
+        nanny.periodic_callbacks[SHRINKING].start()
+        logger.info("apsi_memory: worker %s keeps its %s limit until it has spilled down to its new share, %s",
+                    nanny.worker_address, fmt_size(nanny.memory_manager.memory_limit), fmt_size(limit))
+
+
+def _nanny_step(nanny: Any, limit: int, spill: float) -> None:
+    manager = nanny.memory_manager
+    manager.memory_limit = nanny_limit_now(_worker_rss(nanny), manager.memory_limit or limit, limit, spill)
+    if manager.memory_limit == limit:
+        _stop_shrinking(nanny)
+
+
+def _stop_shrinking(nanny: Any) -> None:
+    callback = nanny.periodic_callbacks.pop(SHRINKING, None)
+    if callback is not None:
+        callback.stop()
+
+
+def _worker_rss(nanny: Any) -> int:
+    """The RSS of the worker process a nanny runs, as the nanny reads it (0: none running)."""
+    import psutil
+
+    process = getattr(nanny.process, "process", None)
+    try:
+        return int(psutil.Process(process.pid).memory_info().rss) if process and process.pid else 0
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
 
 
 def dask_setup(server: Any) -> Any:
@@ -291,8 +408,9 @@ def dask_setup(server: Any) -> Any:
     ``--memory-limit`` is kept (with a WARNING when it is more than the group's share). The workers sharing the
     machine are ``APSI_DASK_WORKERS`` (or the ``apsi-memory.workers`` dask setting) when set, else the most of this
     process's nannies serving the same scheduler and the workers of the ``dask worker`` processes in this cgroup
-    (``adapters.dask_workers``). Where no scheduler runs in this process (a worker-only pod) the memory kept
-    outside the workers is ``DASK_WORKER_PROCESS_BYTES`` per ``dask worker`` process, not the client's 256 MiB."""
+    (``adapters.dask_workers``). Where no scheduler runs in this process the memory kept outside the workers is
+    ``DASK_WORKER_PROCESS_BYTES`` per ``dask worker`` process, plus the client's 256 MiB where another Python
+    process (a ``dask scheduler``, a client) shares the group: only a worker-only pod goes without it."""
     if isinstance(server, Nanny):
         return _setup_nanny(server)
     if isinstance(server, Worker):
@@ -303,7 +421,7 @@ def dask_setup(server: Any) -> Any:
 
 def _setup_nanny(nanny: Any) -> None:
     limit = _chosen_limit(nanny.memory_manager.memory_limit, nanny.nthreads, _nannies_here(nanny),
-                          worker_only=not _schedulers_here())
+                          scheduler_here=bool(_schedulers_here()))
     _set_nanny_limit(nanny, limit)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
 
@@ -313,7 +431,7 @@ def _setup_worker(worker: Any) -> Any:
         return None  # the nanny preload did it already
     start = family(machine().root)
     limit = _chosen_limit(worker.memory_manager.memory_limit, worker.state.nthreads, start.spawned,
-                          worker_only=start.worker_only)
+                          scheduler_here=not start.worker_only)
     worker.memory_manager.memory_limit = limit
     fraction = dask.config.get("distributed.worker.memory.transfer")
     if fraction is not False:
@@ -321,13 +439,13 @@ def _setup_worker(worker: Any) -> Any:
     return worker.plugin_add(PressurePlugin())  # a coroutine: the preload awaits it before the worker registers
 
 
-def _chosen_limit(current: int | None, nthreads: int, here: int, worker_only: bool) -> int:
+def _chosen_limit(current: int | None, nthreads: int, here: int, scheduler_here: bool) -> int:
     """The limit a worker starts with: the one given with ``--memory-limit``, else its share of this machine
-    between ``here`` workers (this ``dask worker``'s) or those of every ``dask worker`` in the group, if more."""
-    processes = dask_workers_in_group(machine().root)
-    count = workers_from_env() or max(here, sum(processes), 1)
-    outside = decide.DASK_WORKER_PROCESS_BYTES * max(1, len(processes)) if worker_only else \
-        decide.DASK_OUTSIDE_WORKERS_BYTES
+    between ``here`` workers (this ``dask worker``'s) or those of every ``dask worker`` in the group, if more,
+    less what the rest of the group keeps (``decide.dask_outside_bytes``: a scheduler or client there counts)."""
+    group = group_dask(machine().root)
+    count = workers_from_env() or max(here, sum(group.workers), 1)
+    outside = decide.dask_outside_bytes(scheduler_here, len(group.workers), group.others)
     share = worker_memory_limit(count, nthreads, outside)
     if current is not None and not _dask_chose(current, nthreads):
         if current > share:

@@ -14,6 +14,7 @@ from ..decide.workers import MEMORY_SETTINGS, WorkerLines, worker_lines
 from ..errors import ArgumentError
 
 MAX_PAUSE_SETTING = "apsi-memory.max-pause"
+CHUNK_SETTING = "array.chunk-size"
 MEMORY_PREFIX = "distributed.worker.memory."
 logger = logging.getLogger("distributed.apsi_memory")  # as in __init__: dask's logging setup shows it
 _warned: set[str] = set()  # the notes this process has logged: each once, not once per worker or per scale
@@ -43,9 +44,37 @@ def dask_defaults() -> dict[str, Any]:
 
 
 def set_by_user(key: str, defaults: dict[str, Any]) -> bool:
-    """``key`` is set here to other than dask's default (``dask.config.set``, a YAML file, a ``DASK_*`` variable)."""
+    """``key`` is set here to other than dask's default (``dask.config.set``, a YAML file, a ``DASK_*`` variable),
+    or given in a ``DASK_*`` variable or a YAML file of dask's config paths even where equal to the default:
+    ``DASK_ARRAY__CHUNK_SIZE=128MiB`` is the user's word, and was overridden as if dask's default."""
     current = dask.config.get(key, default=None)
-    return current is not None and current != dask.config.get(key, default=None, config=defaults)
+    if current is None:
+        return False
+    return current != dask.config.get(key, default=None, config=defaults) or \
+        dask.config.get(key, default=None, config=_given_outside()) is not None
+
+
+def _given_outside() -> dict[str, Any]:
+    """The settings of dask's YAML files (its config paths) and ``DASK_*`` variables, as they are now."""
+    merged: dict[str, Any] = dask.config.merge(*dask.config.collect_yaml(dask.config.paths), dask.config.collect_env())
+    return merged
+
+
+def note_kept_chunk(advised: int, limit: int) -> None:
+    """A WARNING, once per value, where the user's ``array.chunk-size`` (kept) is more than the chunk that fits a
+    worker of ``limit`` bytes (``advised``)."""
+    from dask.utils import format_bytes, parse_bytes
+
+    value = dask.config.get(CHUNK_SETTING, default=None)
+    try:
+        size = int(parse_bytes(value))
+    except (TypeError, ValueError, KeyError):
+        return  # "auto" or unreadable: dask says so itself
+    note = (f"dask setting {CHUNK_SETTING}={value!r} kept (yours), but a {format_bytes(limit)} worker fits chunks of "
+            f"{format_bytes(advised)}: arrays chunked at {format_bytes(size)} may pause or kill its workers")
+    if size > advised and note not in _warned:
+        _warned.add(note)
+        logger.warning("apsi_memory: %s", note)
 
 
 def user_memory_settings() -> dict[str, float | bool]:

@@ -50,6 +50,16 @@ def worker_memory_limit(usable_bytes: int, n_workers: int, nthreads: int = 1,
     return share
 
 
+def dask_outside_bytes(scheduler_here: bool, worker_processes: int, others: int) -> int:
+    """What a group's dask workers leave to the rest of it: ``DASK_OUTSIDE_WORKERS_BYTES`` where the scheduler (and
+    so the client, with its ``LocalCluster``) runs in the nannies' process; else ``DASK_WORKER_PROCESS_BYTES`` per
+    ``dask worker`` process, plus ``DASK_OUTSIDE_WORKERS_BYTES`` where ``others`` (a scheduler, a client) share the
+    group: counted as a worker-only pod, 2 workers beside them took 464 MiB each of 1 GiB."""
+    if scheduler_here:
+        return DASK_OUTSIDE_WORKERS_BYTES
+    return DASK_WORKER_PROCESS_BYTES * max(1, worker_processes) + (DASK_OUTSIDE_WORKERS_BYTES if others else 0)
+
+
 def chunk_bytes(limit_bytes: int, nthreads: int = 1, target: float = DASK_SPILL_TARGET,
                 pause: float = DASK_PAUSE_FRACTION) -> int:
     """The largest power-of-two chunk (at least 1 MiB, at most dask's default ``MAX_CHUNK_BYTES``) such that
@@ -315,6 +325,16 @@ P2P_BUFFER_SHARE = 0.10
 # Under this worker limit a rechunk goes through tasks: p2p's fixed cost (10 concurrent 2 MiB messages, its own
 # threads, two buffers) leaves too little of a small worker; tasks of ``chunk_bytes`` chunks are spilled as usual.
 P2P_MIN_WORKER_BYTES = 512 * (1 << 20)
+
+
+def nanny_limit_now(rss_bytes: int, current: int, wanted: int, spill: float = DASK_SPILL_FRACTION) -> int:
+    """The limit a running worker's nanny applies now on its way to ``wanted`` (a new share after ``scale``): a
+    larger one at once; a smaller one once the worker's RSS is under its ``spill`` line of it (dask spills a worker
+    above that line down to its target, so it gets there; at the pause line, 15 points under the terminate line, a
+    worker still spilling was killed once), ``current`` till then. Lowered at once, a worker holding more than the
+    smaller limit's terminate line is killed by its own nanny: ``scale(4)`` killed both of two workers holding
+    data."""
+    return wanted if wanted >= current or rss_bytes <= spill * wanted else current
 
 
 def dask_settings(limit_bytes: int, nthreads: int = 1, lines: WorkerLines | None = None) -> dict[str, int | str]:
