@@ -190,9 +190,10 @@ class Siblings:
     # -- the file ------------------------------------------------------------------------------------------------
 
     def _file(self, key: str) -> int | None:
+        held = self._held_slot(key)
+        if held is not None:
+            return held[0]  # our slot's file, not due for a check: every placement comes here
         known = self._files.get(key)
-        if known is not None and key == self._key and self._slot is not None and time.monotonic() < self._check_at:
-            return known[0]  # our slot's file, not due for a check: every placement comes here
         if key in self._off:
             return None
         if self._folder is False:
@@ -433,11 +434,14 @@ class Siblings:
         return found
 
     def _flat(self, key: str) -> tuple[int, int] | None:
-        """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: the slot is held, its
-        file not due for its check, and this is the process that opened it (else None: step by step)."""
+        """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: ``_held_slot``'s,
+        and this is the process that opened it (else None: step by step)."""
+        return None if self._real_pid != os.getpid() else self._held_slot(key)
+
+    def _held_slot(self, key: str) -> tuple[int, int] | None:
+        """The file and slot this process holds in ``key``'s ledger while the file is not due for its check."""
         known, slot = self._files.get(key), self._slot
-        if known is None or slot is None or key != self._key or time.monotonic() >= self._check_at \
-                or self._real_pid != os.getpid():
+        if known is None or slot is None or key != self._key or time.monotonic() >= self._check_at:
             return None
         return known[0], slot
 
