@@ -26,7 +26,7 @@ pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra:
 import apsi_memory as memory
 from apsi_memory import BlockError, ChunkError, decide
 from apsi_memory import dask as amd
-from apsi_memory.adapters.dask_workers import dask_workers_in_group
+from apsi_memory.adapters.dask_workers import group_dask
 from apsi_memory.blocks.rules import block_spans
 from apsi_memory.cli import commands as cli
 from apsi_memory.dask.tasks import EvenSpans, FileRows, first_block, rows_in_file
@@ -515,7 +515,7 @@ def _dask_worker(tmp_path: Path, *args: str, group: Any = None,
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "APSI_TEST_SLOWDOWN": str(slowdown())}
     if worker_only:
         env["APSI_TEST_WORKER_PREFIX"], group = json.dumps(group.wrap([])), None
-    if group is None and (strangers := dask_workers_in_group()):
+    if group is None and (strangers := list(group_dask().workers)):
         # their workers share this group's memory too (as they should): the expected share would be a guess
         pytest.skip(f"{len(strangers)} dask worker processes of another job run in this test's cgroup")
     if group is None:

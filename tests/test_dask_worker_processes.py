@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apsi_memory.adapters.dask_workers import GroupDask, dask_workers_in_group, group_dask, parse_nworkers
+from apsi_memory.adapters.dask_workers import GroupDask, group_dask, parse_nworkers
 from sim.tree import SimTree
 
 OWN = "12:memory:/pods/a\n0::/pods/a\n"
@@ -37,8 +37,8 @@ def test_only_the_dask_workers_of_this_group_are_counted(tmp_path: Path) -> None
     _process(tree, 102, ["dask", "worker", "tcp://s:8786", "--nworkers", "2"], OWN)
     _process(tree, 103, ["dask", "worker", "tcp://s:8786"], "12:memory:/pods/b\n0::/pods/b\n")  # another pod
     _process(tree, 104, ["dask", "scheduler"], OWN)
-    assert sorted(dask_workers_in_group(str(tmp_path))) == [1, 2]
-    assert dask_workers_in_group(str(tmp_path / "nothing")) == []
+    assert sorted(group_dask(str(tmp_path)).workers) == [1, 2]
+    assert group_dask(str(tmp_path / "nothing")).workers == ()
 
 
 SPAWNED = ["/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)",

@@ -76,10 +76,6 @@ def _is_other_python(argv: list[str]) -> bool:
     return "python" in os.path.basename(argv[0]) and not any("multiprocessing" in word for word in argv)
 
 
-def dask_workers_in_group(root: str = "/") -> list[int]:
-    """The ``--nworkers`` of each ``dask worker`` process whose cgroups are this process's (empty: none seen)."""
-    return list(group_dask(root).workers)
-
 
 def _pids(root: str) -> list[str]:
     try:

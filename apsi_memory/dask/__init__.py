@@ -62,7 +62,15 @@ from ..decide import chunk_bytes, nanny_limit_now
 from ..machinery.machines import machine
 from ..units import fmt_size
 from .pausing import PressurePlugin
-from .settings import CHUNK_SETTING, dask_defaults, max_pause_s, memory_lines, note_kept_chunk, set_by_user
+from .settings import (
+    CHUNK_SETTING,
+    dask_defaults,
+    given_outside,
+    max_pause_s,
+    memory_lines,
+    note_kept_chunk,
+    set_by_user,
+)
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
@@ -190,9 +198,9 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
     """Set (in this process's ``dask.config``, which nannies hand to the workers they start) and return
     ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
     ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
-    defaults = dask_defaults()
+    defaults, given = dask_defaults(), given_outside()
     advised = decide.dask_settings(limit, nthreads, memory_lines())
-    settings = {key: value for key, value in advised.items() if _ours_to_set(key, defaults)}
+    settings = {key: value for key, value in advised.items() if _ours_to_set(key, defaults, given)}
     if CHUNK_SETTING not in settings:
         note_kept_chunk(int(advised[CHUNK_SETTING]), limit)
     dask.config.set(settings)
@@ -201,8 +209,8 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
     return settings
 
 
-def _ours_to_set(key: str, defaults: dict[str, Any]) -> bool:
-    return not set_by_user(key, defaults) or dask.config.get(key, default=None) == _settings_made.get(key)
+def _ours_to_set(key: str, defaults: dict[str, Any], given: dict[str, Any]) -> bool:
+    return not set_by_user(key, defaults, given) or dask.config.get(key, default=None) == _settings_made.get(key)
 
 
 _settings_made: dict[str, Any] = {}  # what follow_limit set last: a later cluster or scale may change it again

@@ -43,18 +43,19 @@ def dask_defaults() -> dict[str, Any]:
     return merged
 
 
-def set_by_user(key: str, defaults: dict[str, Any]) -> bool:
+def set_by_user(key: str, defaults: dict[str, Any], given: dict[str, Any]) -> bool:
     """``key`` is set here to other than dask's default (``dask.config.set``, a YAML file, a ``DASK_*`` variable),
     or given in a ``DASK_*`` variable or a YAML file of dask's config paths even where equal to the default:
-    ``DASK_ARRAY__CHUNK_SIZE=128MiB`` is the user's word, and was overridden as if dask's default."""
+    ``DASK_ARRAY__CHUNK_SIZE=128MiB`` is the user's word, and was overridden as if dask's default. ``defaults``
+    and ``given`` are ``dask_defaults()`` and ``given_outside()``, read once by a caller asking of several keys."""
     current = dask.config.get(key, default=None)
     if current is None:
         return False
     return current != dask.config.get(key, default=None, config=defaults) or \
-        dask.config.get(key, default=None, config=_given_outside()) is not None
+        dask.config.get(key, default=None, config=given) is not None
 
 
-def _given_outside() -> dict[str, Any]:
+def given_outside() -> dict[str, Any]:
     """The settings of dask's YAML files (its config paths) and ``DASK_*`` variables, as they are now."""
     merged: dict[str, Any] = dask.config.merge(*dask.config.collect_yaml(dask.config.paths), dask.config.collect_env())
     return merged
@@ -80,9 +81,9 @@ def note_kept_chunk(advised: int, limit: int) -> None:
 def user_memory_settings() -> dict[str, float | bool]:
     """The ``distributed.worker.memory`` lines set by the user (``set_by_user``), by their last word:
     ``{"pause": 0.7}``."""
-    defaults = dask_defaults()
+    defaults, given = dask_defaults(), given_outside()
     return {key: dask.config.get(MEMORY_PREFIX + key) for key in MEMORY_SETTINGS
-            if set_by_user(MEMORY_PREFIX + key, defaults)}
+            if set_by_user(MEMORY_PREFIX + key, defaults, given)}
 
 
 def memory_lines(pause: float = DASK_PAUSE_FRACTION, level: Level = Level.HIGH) -> WorkerLines:
