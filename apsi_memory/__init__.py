@@ -21,7 +21,6 @@ function, so ``memory.store(...)`` and ``import apsi_memory.store as s; s.Store`
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 import types
 import typing
@@ -86,9 +85,6 @@ if typing.TYPE_CHECKING:  # the names as type checkers see them; at run time ``_
 
 # Where each public name lives. Importing them all costs ~45 ms after NumPy (psutil, hashlib, logging, ~60 modules
 # of ours); a CLI call or a script that needs three of them should not pay for the rest.
-# A library's loggers print nothing until the program configures logging (the logging HOWTO's rule): without this,
-# Python's last-resort handler printed every WARNING (fit_batch's halvings) to stderr.
-logging.getLogger("apsi_memory").addHandler(logging.NullHandler())
 
 _HOME: dict[str, str] = {name: module for module, names in (
     ("_version", "__version__"),

@@ -102,13 +102,17 @@ FIRST_CALL = textwrap.dedent("""
 # that already has NumPy pays for each one. hashlib loads OpenSSL: only a store (its MACs) and a group's siblings'
 # ledger (its name) need it.
 NEVER = {"multiprocessing", "secrets", "subprocess", "socket", "psutil", "shutil", "concurrent.futures"}
+# logging (with traceback and string: ~3 ms) comes with the first logger made (``apsi_memory.logs``); a first store or
+# reading that has nothing to log makes none.
+QUIET = NEVER | {"logging"}
 FIRST_CALLS = {
-    "store": ("memory.store('first')['a'] = 1", NEVER | {"apsi_memory.decide.workers", "dataclasses",
+    "import alone": ("pass", QUIET | {"threading", "hashlib"}),
+    "store": ("memory.store('first')['a'] = 1", QUIET | {"apsi_memory.decide.workers", "dataclasses",
                                                            "apsi_memory.machinery.reading",
                                                            "apsi_memory.machinery.watcher"}),
     "array": ("memory.array((1000,), 'f4')", NEVER),  # small, so in RAM: a first spill file takes multiprocessing
-    "pressure": ("memory.pressure()", NEVER | {"hashlib", "apsi_memory.decide.workers"}),
-    "limits": ("memory.limits()", NEVER),
+    "pressure": ("memory.pressure()", QUIET | {"hashlib", "apsi_memory.decide.workers"}),
+    "limits": ("memory.limits()", QUIET),
     "status": ("memory.status()", NEVER),
     "map": ("list(memory.map(lambda block: block * 2, numpy.ones((1000, 4))))", NEVER - {"concurrent.futures"}),
     "cached": ("memory.cached(lambda x: x)(1)", NEVER),

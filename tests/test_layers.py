@@ -17,8 +17,8 @@ import apsi_memory
 
 PACKAGE = Path(apsi_memory.__file__).parent
 
-# Below every part, importable from anywhere: the exception tree, size units, the version.
-BASE = {"errors", "units", "_version"}
+# Below every part, importable from anywhere: the exception tree, size units, the version, the loggers.
+BASE = {"errors", "units", "_version", "logs"}
 # The package itself and its entry point, above everything.
 FACE = {"__init__", "__main__"}
 # Top-level modules besides those: each declares its imports in its docstring, as a part does.

@@ -8,7 +8,6 @@ by guessing fixed paths. Limits are re-read on every call: a pod can be resized 
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from functools import cached_property
@@ -25,11 +24,10 @@ from ..decide import (
     smallest_limit,
 )
 from ..errors import CorruptFileError
+from ..logs import logger
 from . import cgroup_v2, cgroupns
 from .files import KernelFiles
 from .procfs import CgroupEntry, Mount, parse_mountinfo_lines, parse_self_cgroup
-
-log = logging.getLogger("apsi_memory.limits")
 
 
 class CgroupMemory(NamedTuple):
@@ -273,7 +271,8 @@ def read_layout(source: KernelFiles, known: Layout | None = None) -> Layout:
     entries = [] if cgroup_text is None else parse_self_cgroup(cgroup_text)
     mounts, skipped = ([], []) if mounts_text is None else parse_mountinfo_lines(mounts_text)
     for line in skipped:  # once per text of the file: a reading whose texts are the same keeps its layout
-        log.warning("/proc/self/mountinfo: skipped line %r, which is not a mountinfo line; read the rest", line)
+        logger("apsi_memory.limits").warning("/proc/self/mountinfo: skipped line %r, which is not a mountinfo line; "
+                                             "read the rest", line)
     located = {version: in_namespace(source.root, locate(entries, mounts, version)) for version in (1, 2)}
     return Layout(entries, mounts, texts, located)
 

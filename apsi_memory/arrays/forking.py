@@ -26,15 +26,15 @@ child then crashes it (SIGSEGV) instead of silently changing the parent's data, 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Iterator
 
 from ..adapters.maps import Region, parse_maps_line
 from ..errors import SystemCallError
+from ..logs import logger
 from ..system import uffd
 
-log = logging.getLogger("apsi_memory.arrays")
+log = logger("apsi_memory.arrays")
 _DELETED = " (deleted)"
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import errno
-import logging
 import os
 import threading
 import time
@@ -43,6 +42,7 @@ import numpy as np
 
 from ..decide import MOVE_AT, Level, Place, Relief, arrays_to_move, bytes_to_free
 from ..errors import SystemCallError
+from ..logs import logger
 from ..system import libc, uffd
 from ..system.once import fork_hooks, once
 from . import spill
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ..machinery.held import Ledger
     from ..machinery.machines import Machine
 
-log = logging.getLogger("apsi_memory.reactions")
+log = logger("apsi_memory.reactions")
 PIECE_BYTES = 64 << 20  # moved under write protection at a time: writers elsewhere in the array never wait
 lock = threading.RLock()  # one move at a time; free() waits for it
 

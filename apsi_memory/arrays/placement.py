@@ -45,7 +45,6 @@ deletes only files it made under their spill name).
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import threading
@@ -58,13 +57,14 @@ import numpy as np
 
 from ..decide import SMALL_ARRAY_BYTES, Level, Place, place, place_reason
 from ..errors import ArgumentTypeError, NotFreedWarning
+from ..logs import logger
 from ..machinery.held import Ledger
 from ..machinery.machines import Room, machine
 from ..units import fmt_size
 from . import moving, npyfiles, sending, spill
 from .inputs import nbytes_of, normalize_dtype, normalize_shape
 
-log = logging.getLogger("apsi_memory.arrays")  # the documented logger name (docs: "What it logs")
+log = logger("apsi_memory.arrays")  # the documented logger name (docs: "What it logs")
 _HUGE_PAGE_FROM = 4 << 20  # NumPy asks for transparent huge pages from 4 MiB on; so do we
 
 

@@ -27,7 +27,6 @@ What the choice cannot do, each a consequence of ``RLIMIT_AS`` being one number 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -35,6 +34,7 @@ from collections.abc import Iterator
 
 from ..decide import address_space_cap, why_not_cap
 from ..errors import ApsiMemoryError
+from ..logs import logger
 from ..machinery.machines import machine
 
 try:
@@ -42,7 +42,7 @@ try:
 except ImportError:  # pragma: no cover - not on Windows; why_not_cap then says so
     resource = None  # type: ignore[assignment]
 
-log = logging.getLogger("apsi_memory.batch")
+log = logger("apsi_memory.batch")
 
 STATUS = "/proc/self/status"
 

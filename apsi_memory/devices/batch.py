@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import enum
 import gc
-import logging
 import sys
 import traceback
 from collections.abc import Callable
@@ -49,10 +48,11 @@ from typing import Generic, TypeVar
 
 from ..decide import halve_batch
 from ..errors import ArgumentError, ArgumentTypeError, BatchTooSmallError, BlockError
+from ..logs import logger
 from ..machinery.machines import machine
 from .addresscap import capped
 
-log = logging.getLogger("apsi_memory.batch")  # the documented logger name (docs: "What it logs")
+log = logger("apsi_memory.batch")  # the documented logger name (docs: "What it logs")
 
 T = TypeVar("T")
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -45,10 +44,11 @@ from types import ModuleType
 from typing import Any
 
 from ..adapters.root import resolve, under
+from ..logs import logger
 from ..machinery.machines import machine
 from ..units import in_one_unit, parse_size
 
-log = logging.getLogger("apsi_memory.devices")  # the documented logger name (docs: "What it logs")
+log = logger("apsi_memory.devices")  # the documented logger name (docs: "What it logs")
 
 
 @dataclass(frozen=True)

@@ -5,15 +5,14 @@ next is tried. ``ledgers`` lists and cleans the files in the same folders."""
 
 from __future__ import annotations
 
-import logging
 import os
 
 from ..errors import UnsafePathError
+from ..logs import logger
 from ..system import paths, trust
 
-log = logging.getLogger("apsi_memory.siblings")  # the documented logger name (docs: "What it logs")
-
 LEDGER_DIR_ENV = "APSI_LEDGER_DIR"
+LOG = "apsi_memory.siblings"  # the documented logger name (docs: "What it logs"), made where it logs
 
 
 def candidate_dirs() -> list[str]:
@@ -35,6 +34,6 @@ def open_folder(candidates: list[str]) -> tuple[int, str] | None:
         try:
             return trust.open_folder(folder), folder
         except (UnsafePathError, OSError) as exc:
-            log.warning("reservation ledger: not in %s (%s): %s", folder,
-                        LEDGER_DIR_ENV if os.environ.get(LEDGER_DIR_ENV) else "default", exc)
+            logger(LOG).warning("reservation ledger: not in %s (%s): %s", folder,
+                                LEDGER_DIR_ENV if os.environ.get(LEDGER_DIR_ENV) else "default", exc)
     return None

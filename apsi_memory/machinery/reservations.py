@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import re
 import threading
@@ -47,8 +46,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..logs import logger
 from ..system import paths, trust
-from .ledger_folders import candidate_dirs, open_folder
+from .ledger_folders import LOG, candidate_dirs, open_folder
 from .ledger_life import close_in_children, instances, leave_at_exit
 from .reader import MemoryReading
 from .slots import (
@@ -75,7 +75,6 @@ from .slots import held as slot_held
 if TYPE_CHECKING:  # imported where the siblings are read: a dataclass, slow to define, that a store never needs
     from .reading import SiblingReading
 
-log = logging.getLogger("apsi_memory.siblings")  # the documented logger name (docs: "What it logs")
 CHECK_EVERY = 1.0  # seconds: how often a process holding a slot asks whether its file was removed or replaced
 
 _USED = re.compile(rb"[^\x00]")  # a used slot has a byte that is not zero
@@ -176,8 +175,8 @@ class Siblings:
                 self._leave()  # so that no reader counts a record this process can no longer keep right
         if key not in self._off:
             code = errno.errorcode.get(exc.errno or 0, "no errno")
-            log.warning("reservation ledger %s: %s (%s); this process goes on without it, as with no siblings",
-                        self.path(key) or key, code, exc.strerror or exc)
+            logger(LOG).warning("reservation ledger %s: %s (%s); this process goes on without it, as with no siblings",
+                                self.path(key) or key, code, exc.strerror or exc)
         self._off.add(key)
         self._drop(key)
 
@@ -185,7 +184,7 @@ class Siblings:
         if what not in self._said:
             self._said = self._said if len(self._said) < 4 * SLOTS else set()
             self._said.add(what)
-            log.warning(message, *args)
+            logger(LOG).warning(message, *args)
 
     # -- the file ------------------------------------------------------------------------------------------------
 
@@ -205,7 +204,7 @@ class Siblings:
         if known is not None and self._still(key, known[1]):
             return known[0]
         if known is not None:  # removed by its last user, or replaced: this process's record goes to the new one
-            log.info("reservation ledger %s was removed or replaced: reopened", self.path(key))
+            logger(LOG).info("reservation ledger %s was removed or replaced: reopened", self.path(key))
             self._drop(key)
         fd = self._open(key, self._folder)
         if known is not None and key == self._key and (self._mine.reserved or self._mine.held):

@@ -12,7 +12,6 @@ the ``on_pressure`` watcher thread; both publish here, and a change is told to e
 from __future__ import annotations
 
 import gc
-import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -20,11 +19,13 @@ from typing import Protocol
 
 from ..adapters.clock import Clock
 from ..decide import Level, Relief, in_relief_order, ram_tier_limit
+from ..logs import logger
 from ..system.once import each, fork_hooks
 
-# Documented logger names (README, "What it logs"): level changes, and what each component did about one.
-level_log = logging.getLogger("apsi_memory.pressure")
-reaction_log = logging.getLogger("apsi_memory.reactions")
+# Documented logger names (README, "What it logs"): level changes, and what each component did about one; each
+# logger is made where it logs (``logs.logger``), so that a store or reading that logs nothing never imports logging.
+LEVEL_LOG = "apsi_memory.pressure"
+REACTION_LOG = "apsi_memory.reactions"
 
 
 class Component(Protocol):
@@ -88,7 +89,7 @@ class Components:
             component.on_level(level)
             taken = reaction(component, level)
             if taken is not None and taken != reaction(component, previous):
-                reaction_log.info("%s at %s", taken, level)
+                logger(REACTION_LOG).info("%s at %s", taken, level)
         if level >= Level.CRITICAL:
             gc.collect()
 
@@ -194,7 +195,7 @@ class LevelTracker:
         # Announcements run outside the lock (components take their own locks), so two may cross: whoever
         # announced last checks that what it said is still the newest level and says the newest one otherwise.
         while True:
-            level_log.info("pressure level %s -> %s", previous, level)
+            logger(LEVEL_LOG).info("pressure level %s -> %s", previous, level)
             self.announce(level, previous)
             with self._lock:
                 if self.level == level:
