@@ -10,7 +10,7 @@ paragraph a part; ``tests/test_layers.py`` checks the imports against what each 
 ``decide`` (the rules, pure), ``system`` (libc, userfaultfd, files, folders, trust), ``adapters`` (kernel files
 under an injectable root), ``machinery`` (the ``Machine``: readings, the level tracker, our held RAM, the siblings'
 reservations, the watcher), ``arrays``, ``blocks`` (the pieces of streaming), ``store``, ``devices``, ``dask``,
-``outofcore`` (``chunks``, ``map``, ``reduce``) and ``cli``. At the top: ``errors``, ``units``, ``status`` and
+``outofcore`` (``chunks``, ``map``, ``reduce``) and ``cli``. At the top: ``errors``, ``units``, ``logs``, ``status`` and
 this module.
 
 Importing does no work and loads no submodule: each public name below is imported from its module on first use.

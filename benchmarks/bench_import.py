@@ -14,9 +14,10 @@ measured in the same run: each round starts a fresh interpreter, as a script or 
 The first store is measured apart (``test_first_store``), in the child's CPU time (``time.process_time()``), which
 the other helpers of a shared machine inflate far less than wall time: ``STORE_ROUNDS`` pairs of fresh interpreters,
 in alternating order, one with ``import numpy``, ``import apsi_memory`` and the first ``memory.store(...)`` set of a
-small array, its baseline with ``import numpy`` and the first ``numpy.save`` of the same array; it prints the median
-and the least of each part in ms, the load, and the median of the rounds' ratios of the two children's CPU times
-(what the machine's load does to a child's CPU time, it does to both). Nothing is asserted: the issue's target, 25 ms
+small array, its baseline with ``import numpy`` and the first ``numpy.save`` of the same array (and with
+``APSI_BENCH_EARLIER=<folder>``, the first store of the apsi_memory in that folder: a change's before and after);
+it prints the median and the least of each part in ms, the load, and the median of the rounds' ratios of each
+child's CPU time against its round's baseline. Nothing is asserted: the issue's target, 25 ms
 on an idle machine, is a figure for the docs, and ``tests/test_import.py`` guards what a first call imports.
 
 Every module is compiled to bytecode first (``compileall``) and the children run without
@@ -113,10 +114,13 @@ def test_cli_status(benchmark: Any) -> None:
     measure(benchmark, "apsi-memory status", "-m", "apsi_memory", "status")
 
 
-def cpu_parts(*parts: str, folder: Path) -> list[float]:
+def cpu_parts(*parts: str, folder: Path, path: str | None = None) -> list[float]:
     """A fresh interpreter's CPU seconds for each of ``parts`` (lines of code), run one after the other in
-    ``folder``, with a new home and store folder there: what a first store in a new place creates."""
+    ``folder``, with a new home and store folder there (what a first store in a new place creates); ``path``: the
+    ``PYTHONPATH`` it imports apsi_memory from."""
     env = {**ENV, "APSI_HOME": str(folder / "home"), "APSI_STORE_DIR": str(folder / "stores")}
+    if path is not None:
+        env["PYTHONPATH"] = path
     code = "import time\nspent = []\n" + "".join(
         f"started = time.process_time()\n{part}\nspent.append(time.process_time() - started)\n" for part in parts)
     done = subprocess.run([sys.executable, "-c", code + "print(*spent)"], env=env, cwd=folder, check=True,
@@ -125,43 +129,57 @@ def cpu_parts(*parts: str, folder: Path) -> list[float]:
 
 
 STORE = ("import numpy", "import apsi_memory as memory", f"memory.store('first')['a'] = {DATA}")
-BASELINE = ("import numpy", f"numpy.save('first.npy', {DATA})")
+BASELINE = ("import numpy", "pass", f"numpy.save('first.npy', {DATA})")
+# A folder holding an earlier apsi_memory (``git archive <commit> apsi_memory | tar -x -C <folder>``): its first
+# store runs in each round too, beside this tree's (a change's before and after, in the same run).
+EARLIER = os.environ.get("APSI_BENCH_EARLIER")
 
 
-def store_round(folder: Path, number: int) -> tuple[list[float], list[float]]:
-    """One pair of children, in alternating order: the first store's parts and its baseline's, in CPU seconds."""
-    (folder / str(number)).mkdir()
-    if number % 2:
-        return cpu_parts(*STORE, folder=folder / str(number)), cpu_parts(*BASELINE, folder=folder / str(number))
-    baseline = cpu_parts(*BASELINE, folder=folder / str(number))
-    return cpu_parts(*STORE, folder=folder / str(number)), baseline
+def store_children() -> dict[str, tuple[tuple[str, ...], str | None]]:
+    """The children of a round: what each runs and where it imports apsi_memory from (None: as this process)."""
+    children = {"this tree": (STORE, None), "numpy.save (baseline)": (BASELINE, None)}
+    if EARLIER:
+        children[f"{EARLIER} (earlier)"] = (STORE, EARLIER)
+    return children
+
+
+def store_round(folder: Path, number: int) -> dict[str, list[float]]:
+    """One child of each kind, in an order that turns each round: each one's parts in CPU seconds."""
+    children = list(store_children().items())
+    shift = number % len(children)
+    spent = {}
+    for name, (parts, path) in children[shift:] + children[:shift]:
+        (folder / f"{number}-{len(spent)}").mkdir()
+        spent[name] = cpu_parts(*parts, folder=folder / f"{number}-{len(spent)}", path=path)
+    return spent
 
 
 def test_first_store(benchmark: Any, tmp_path: Path) -> None:
     """Issue 29 item 4: the first ``memory.store(...)`` set after ``import apsi_memory``, NumPy imported."""
+    if EARLIER:
+        assert compileall.compile_dir(Path(EARLIER) / "apsi_memory", quiet=1)
     loads = [Path("/proc/loadavg").read_text().split()[0]]
-    rounds: list[tuple[list[float], list[float]]] = []
+    rounds: list[dict[str, list[float]]] = []
     numbers = itertools.count()
     benchmark.pedantic(lambda: rounds.append(store_round(tmp_path, next(numbers))), rounds=STORE_ROUNDS,
-                       iterations=1, warmup_rounds=1)  # pytest-benchmark's own figure: the pairs' wall time
+                       iterations=1, warmup_rounds=1)  # pytest-benchmark's own figure: the rounds' wall time
     loads.append(Path("/proc/loadavg").read_text().split()[0])
     rounds = rounds[1:] or rounds  # not the warm-up's (the only one under --benchmark-disable)
-    ours, theirs = ([sum(parts) for parts in side] for side in zip(*rounds))
-    figures = {"import apsi_memory": [store[1] for store, _ in rounds],
-               "first memory.store set": [store[2] for store, _ in rounds],
-               "both": [store[1] + store[2] for store, _ in rounds],
-               "baseline's import numpy": [baseline[0] for _, baseline in rounds],
-               "baseline's first numpy.save": [baseline[1] for _, baseline in rounds]}
-    ratio = statistics.median(mine / base for mine, base in zip(ours, theirs))
-    print(f"\nfirst memory.store, the child's CPU time in ms, {STORE_ROUNDS} fresh interpreters each (load "
-          f"{' -> '.join(loads)}; .pyc compiled): median / least")
-    for name, seconds in figures.items():
-        print(f"{name:>30}: {statistics.median(seconds) * 1000:6.1f} / {min(seconds) * 1000:6.1f}")
-    print(f"numpy + apsi_memory + first store against numpy + first numpy.save: {ratio:.3f}x the CPU time "
-          f"(median of the rounds' ratios; the target, {FIRST_STORE_TARGET_S * 1000:.0f} ms on an idle machine, is "
-          "the 'both' line)")
-    benchmark.extra_info.update({name: round(statistics.median(seconds) * 1000, 2) for name, seconds in figures.items()},
-                                ratio=round(ratio, 3), load=loads)
+    print(f"\nfirst memory.store, the child's CPU time in ms, {len(rounds)} fresh interpreters each (load "
+          f"{' -> '.join(loads)}; .pyc compiled): median / least, and the median of the rounds' ratios of the whole "
+          "child against its baseline (numpy + the first numpy.save)")
+    for name in store_children():
+        figures = {part: [spent[name][index] for spent in rounds] for index, part in
+                   enumerate(("import numpy", "import apsi_memory", "first call"))}
+        figures["import apsi_memory + first call"] = [sum(spent[name][1:]) for spent in rounds]
+        ratio = statistics.median(sum(spent[name]) / sum(spent["numpy.save (baseline)"]) for spent in rounds)
+        print(f"{name}: " + ", ".join(f"{part} {statistics.median(seconds) * 1000:.1f} / {min(seconds) * 1000:.1f}"
+                                      for part, seconds in figures.items()) + f"; {ratio:.3f}x")
+        benchmark.extra_info[name] = {part: round(statistics.median(seconds) * 1000, 2)
+                                      for part, seconds in figures.items()} | {"ratio": round(ratio, 3)}
+    print(f"(the target, {FIRST_STORE_TARGET_S * 1000:.0f} ms on an idle machine, is this tree's 'import apsi_memory "
+          "+ first call')")
+    benchmark.extra_info["load"] = loads
 
 
 @pytest.mark.parametrize("name", FIRST_CALLS)
