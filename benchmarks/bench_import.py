@@ -12,18 +12,19 @@ measured in the same run: each round starts a fresh interpreter, as a script or 
   ``status()``), in CPU time.
 
 The first store is measured apart (``test_first_store``), in the child's CPU time (``time.process_time()``), which
-the other helpers of a shared machine inflate far less than wall time: ``STORE_ROUNDS`` pairs of fresh interpreters,
-in alternating order, one with ``import numpy``, ``import apsi_memory`` and the first ``memory.store(...)`` set of a
-small array, its baseline with ``import numpy`` and the first ``numpy.save`` of the same array (and with
-``APSI_BENCH_EARLIER=<folder>``, the first store of the apsi_memory in that folder: a change's before and after);
-it prints the median and the least of each part in ms, the load, and the median of the rounds' ratios of each
-child's CPU time against its round's baseline. Nothing is asserted: the issue's target, 25 ms
-on an idle machine, is a figure for the docs, and ``tests/test_import.py`` guards what a first call imports.
+the other helpers of a shared machine inflate far less than wall time (though they do: the least of the rounds is
+the steadiest figure): ``STORE_ROUNDS`` rounds of fresh interpreters in an order that turns each round, one with
+``import numpy``, ``import apsi_memory`` and the first ``memory.store(...)`` set of a small array, its baseline with
+``import numpy`` and the first ``numpy.save`` of the same array (and with ``APSI_BENCH_EARLIER=<folder>``, the first
+store of the apsi_memory in that folder: a change's before and after); it prints the median and the least of each
+part in ms, the load, and the median of the rounds' ratios of each child's CPU time against its round's baseline.
+Nothing is asserted: the issue's target, 25 ms on an idle machine, is a figure for the docs, and
+``tests/test_import.py`` guards what a first call imports.
 
 Every module is compiled to bytecode first (``compileall``) and the children run without
 ``PYTHONDONTWRITEBYTECODE``, as an installed package runs: a checkout run with that variable set (this project's
-machines set it) compiles every module of ours in every child, and a first store then costs ~77 ms of CPU time
-against ~23 with the ``.pyc`` files (7 fresh children each, load 1).
+machines set it) compiles every module of ours in every child, and a first store then costs ~3x the CPU time
+(84 ms against 25, 15 fresh children each at load 8-10).
 """
 
 from __future__ import annotations
