@@ -5,6 +5,7 @@ One module-scoped ``apsi_memory.dask.cluster`` (2 worker processes × 1 thread) 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -415,6 +416,21 @@ def test_scale_by_cores_shares_the_memory_too() -> None:
         c.scale(cores=3)
         cl.wait_for_workers(3, timeout=stretched(30))
         assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
+
+
+def test_scale_by_memory_shares_the_memory_too(caplog: pytest.LogCaptureFixture) -> None:
+    """scale(memory=…) started its workers at the old share: 3 workers of the 2-worker limit (issue 30 item 2).
+    More workers do not give a group more memory: a WARNING says what they share."""
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl, \
+            caplog.at_level(logging.WARNING, "distributed.apsi_memory"):
+        asked = 2 * amd.worker_memory_limit(2) + 1  # dask's rule: one worker more than two of today's share
+        c.scale(memory=asked)
+        cl.wait_for_workers(3, timeout=stretched(30))
+        three = amd.worker_memory_limit(3)
+        assert registered_limits(cl) == [three] * 3
+    assert [r.getMessage() for r in caplog.records if "scale(memory=" in r.getMessage()] == [
+        (f"apsi_memory: scale(memory={asked}): more workers do not add memory to a group; its 3 workers share "
+         f"{fmt_size(3 * three)} ({fmt_size(three)} each)")]
 
 
 def test_adapt_scaling_down_gives_the_remaining_workers_the_larger_share() -> None:

@@ -49,6 +49,7 @@ from ..errors import ArgumentError, ArgumentTypeError, BudgetWarning, MissingExt
 
 try:
     import dask
+    from dask.utils import parse_bytes
     from distributed import LocalCluster, Nanny, Worker
     from distributed.core import Status
     from distributed.diagnostics.plugin import NannyPlugin
@@ -217,7 +218,8 @@ _settings_made: dict[str, Any] = {}  # what follow_limit set last: a later clust
 
 
 class MemoryCluster(LocalCluster):
-    """``cluster()``'s ``LocalCluster``: ``scale(n)`` or ``scale(cores=…)`` (and ``adapt``, up or down) gives every
+    """``cluster()``'s ``LocalCluster``: ``scale(n)``, ``scale(cores=…)`` or ``scale(memory=…)`` (and ``adapt``, up
+    or down) gives every
     worker, running or new, ``worker_memory_limit(n)`` and the dask settings that follow from it; a running worker
     over a smaller share spills down to it before its nanny applies it (``decide.nanny_limit_now``)."""
 
@@ -234,12 +236,18 @@ class MemoryCluster(LocalCluster):
             _open.discard(self)
             _give_back(self)
 
-    def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
-        if cores is not None:  # dask's own rule for cores=, applied here so that they are shared too
+    def scale(self, n: int = 0, memory: str | int | None = None, cores: int | None = None) -> Any:
+        # dask's own rules for memory= (against today's share) and cores=, applied here so that they share too
+        if memory is not None:
+            n = max(n, math.ceil(parse_bytes(memory) / self._memory_per_worker()))
+        if cores is not None:
             n = max(n, math.ceil(cores / self._threads_per_worker()))
-        if memory is None and n >= 1 and not self.fixed_limit:
-            self.share_between(n)
-        return super().scale(n, memory=memory)
+        if n >= 1 and not self.fixed_limit:
+            limit = self.share_between(n)
+            if memory is not None and parse_bytes(memory) > n * limit:
+                logger.warning("apsi_memory: scale(memory=%r): more workers do not add memory to a group; its %d "
+                               "workers share %s (%s each)", memory, n, fmt_size(n * limit), fmt_size(limit))
+        return super().scale(n)
 
     async def scale_down(self, workers: Iterable[str]) -> None:
         """``adapt`` retires workers through this, not ``scale``: those left share the memory they freed."""
