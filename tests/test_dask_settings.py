@@ -253,3 +253,36 @@ def test_control_dasks_default_chunk_size_not_given_is_ours_to_set(monkeypatch: 
         assert amd.follow_limit(384 * MiB, 1)["array.chunk-size"] == 16 * MiB
     finally:
         dask.config.set({"array.chunk-size": before})
+
+
+# -- chunk advice for arrays made before cluster() ------------------------------------------------------------------
+
+def named_arrays(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("apsi_memory: dask array ")]
+
+
+def test_an_array_chunked_too_big_for_the_workers_is_named_once_when_sent_to_the_cluster(
+        sim_machine: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
+    """cluster() sets the chunk size for the arrays made after it; one made before it, or chunked by hand at dask's
+    default 128 MiB, still failed where stock finished (issue 30 item 3). Work sent to the cluster's client names
+    each such array once (not the arrays computed from it, whose chunks follow its), with the chunk that fits;
+    an array chunked small is not named."""
+    import dask.array as da
+
+    from apsi_memory.units import fmt_size
+
+    sim_machine(machines.docker_v1, limit=1 * GiB)  # two workers of 384 MiB: 16 MiB chunks fit
+    big = da.zeros((4096, 4096), chunks=(4096, 4096))  # one 128 MiB chunk (dask's zeros take no memory)
+    small = da.zeros((4096, 4096), chunks=(256, 4096))  # 8 MiB chunks
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as client, \
+            caplog.at_level(logging.WARNING, LOGGER):
+        assert (small + 1).sum().compute() == 4096 * 4096
+        assert named_arrays(caplog) == []
+        assert big.sum().compute() == 0  # dask.compute, through the client
+        client.persist(big).sum().compute()  # the same array again, sent another way
+        client.compute(big[:1]).result(timeout=WORKERS_WAIT_S)
+    limit = amd.worker_memory_limit(2)
+    assert named_arrays(caplog) == [
+        (f"apsi_memory: dask array {big.name} of shape (4096, 4096) has chunks of {fmt_size(128 * MiB)}, more "
+         f"than this cluster's {fmt_size(limit)} workers fit: rechunk it to chunks of {fmt_size(16 * MiB)} or less "
+         "(or build it after cluster()), else it may pause or kill them")]
