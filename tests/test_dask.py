@@ -358,6 +358,36 @@ def test_a_second_cluster_shares_the_group_with_the_first(sim_machine: Callable[
         _limits_become(a, [two] * 2)
 
 
+def test_asynchronous_clusters_share_the_group_on_their_common_event_loop(sim_machine: Callable[..., Any]) -> None:
+    """cluster(asynchronous=True) runs on the caller's event loop, as a second one does: sharing from that loop is
+    started there, not waited for (waiting would block the loop it needs)."""
+    import asyncio
+
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=300 * MiB)
+    one, two, three = (amd.worker_memory_limit(n) for n in (1, 2, 3))
+
+    async def limits_become(c: Any, wanted: list[int]) -> None:
+        deadline = time.monotonic() + stretched(30)
+        while _worker_limits(c) != wanted and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert _worker_limits(c) == wanted
+
+    async def run() -> None:
+        async with amd.cluster(n_workers=1, processes=False, asynchronous=True, dashboard_address=":0") as first:
+            await limits_become(first, [one])
+            async with amd.cluster(n_workers=1, processes=False, asynchronous=True, dashboard_address=":0") as second:
+                await limits_become(first, [two])
+                await second.scale(2)
+                await limits_become(second, [three] * 2)
+                await limits_become(first, [three])
+
+    asyncio.run(asyncio.wait_for(run(), stretched(120)))
+
+
+def _worker_limits(c: Any) -> list[int]:
+    return sorted(w.memory_manager.memory_limit for w in c.workers.values() if w.status.name == "running")
+
+
 def _pid_and_rss() -> tuple[int, int]:
     import psutil
 

@@ -134,14 +134,12 @@ def _is_open(cluster: Any) -> bool:
 
 def _share_elsewhere(cluster: Any, limit: int, settings: dict[str, int | str]) -> None:
     """Give ``limit`` to the workers of this process's other open clusters (each running one spills down to a
-    smaller limit first), on their own event loops; waited for unless called from an event loop."""
+    smaller limit first), as ``share_between`` does."""
     for other in list(_open):
         if other is cluster or other.fixed_limit or not _is_open(other):
             continue
         other.new_spec["options"]["memory_limit"] = limit
-        done = asyncio.run_coroutine_threadsafe(other._share(limit, settings), other.loop.asyncio_loop)
-        if _running_loop() is None:
-            done.result()
+        other._share_on_its_loop(limit, settings)
         logger.info("apsi_memory: worker memory limit %s for the %d workers of another cluster of this process",
                     fmt_size(limit), len(other.worker_spec))
 
@@ -230,14 +228,18 @@ class MemoryCluster(LocalCluster):
         group; they get it too) for the workers to come and those running (each running one spills down to a
         smaller share before its nanny applies it: ``decide.nanny_limit_now``), and its dask settings."""
         limit, settings = self._new_share(n)
-        running = _running_loop()
-        if running is not None and running is self.loop.asyncio_loop:  # adapt() scales from the cluster's loop
-            self._sharing = asyncio.ensure_future(self._share(limit, settings))
-        elif running is not None:  # another cluster's loop, closing: not blocked on this one
-            asyncio.run_coroutine_threadsafe(self._share(limit, settings), self.loop.asyncio_loop)
-        else:
-            self.sync(self._share, limit, settings)
+        self._share_on_its_loop(limit, settings)
         return limit
+
+    def _share_on_its_loop(self, limit: int, settings: dict[str, int | str]) -> None:
+        """``_share`` on this cluster's event loop, waited for unless called from an event loop: ``adapt()`` scales
+        from the cluster's own, and another cluster closing on its own loop is not blocked on this one."""
+        if _running_loop() is self.loop.asyncio_loop:
+            self._sharing = asyncio.ensure_future(self._share(limit, settings))
+            return
+        done = asyncio.run_coroutine_threadsafe(self._share(limit, settings), self.loop.asyncio_loop)
+        if _running_loop() is None:
+            done.result()
 
     def _new_share(self, n: int) -> tuple[int, dict[str, int | str]]:
         """The share of ``n`` workers and this process's other clusters' (who get it too), and its settings."""
