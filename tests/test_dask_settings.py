@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -286,3 +287,24 @@ def test_an_array_chunked_too_big_for_the_workers_is_named_once_when_sent_to_the
         (f"apsi_memory: dask array {big.name} of shape (4096, 4096) has chunks of {fmt_size(128 * MiB)}, more "
          f"than this cluster's {fmt_size(limit)} workers fit: rechunk it to chunks of {fmt_size(16 * MiB)} or less "
          "(or build it after cluster()), else it may pause or kill them")]
+
+
+def test_to_dask_chunks_fit_the_workers_of_the_cluster_it_runs_on(
+        sim_machine: Callable[..., Any], caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """to_dask chunked as map's default blocks, 32 MiB, above the 16 MiB that cluster() sets for 384 MiB workers:
+    the library's own arrays were too big for its workers. Its default follows dask's array.chunk-size where that
+    is smaller (dask's own 128 MiB leaves map's blocks)."""
+    import numpy as np
+
+    import apsi_memory as memory
+
+    x = tmp_path / "x.npy"  # 64 MiB of 8 KiB rows, read by the tasks from the file
+    np.save(x, np.zeros((8192, 1024)))
+    assert memory.to_dask(x).chunksize == (4096, 1024)  # 32 MiB, map's default, under dask's 128 MiB
+    sim_machine(machines.docker_v1, limit=1 * GiB)
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client(), \
+            caplog.at_level(logging.WARNING, LOGGER):
+        d = memory.to_dask(x)
+        assert d.chunksize == (2048, 1024) and dask.config.get("array.chunk-size") == 16 * MiB
+        assert d.sum().compute() == 0
+    assert named_arrays(caplog) == []
