@@ -5,6 +5,7 @@ One module-scoped ``apsi_memory.dask.cluster`` (2 worker processes × 1 thread) 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import subprocess
@@ -357,6 +358,36 @@ def test_a_second_cluster_shares_the_group_with_the_first(sim_machine: Callable[
         _limits_become(a, [two] * 2)
 
 
+def test_asynchronous_clusters_share_the_group_on_their_common_event_loop(sim_machine: Callable[..., Any]) -> None:
+    """cluster(asynchronous=True) runs on the caller's event loop, as a second one does: sharing from that loop is
+    started there, not waited for (waiting would block the loop it needs)."""
+    import asyncio
+
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=300 * MiB)
+    one, two, three = (amd.worker_memory_limit(n) for n in (1, 2, 3))
+
+    async def limits_become(c: Any, wanted: list[int]) -> None:
+        deadline = time.monotonic() + stretched(30)
+        while _worker_limits(c) != wanted and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert _worker_limits(c) == wanted
+
+    async def run() -> None:
+        async with amd.cluster(n_workers=1, processes=False, asynchronous=True, dashboard_address=":0") as first:
+            await limits_become(first, [one])
+            async with amd.cluster(n_workers=1, processes=False, asynchronous=True, dashboard_address=":0") as second:
+                await limits_become(first, [two])
+                await second.scale(2)
+                await limits_become(second, [three] * 2)
+                await limits_become(first, [three])
+
+    asyncio.run(asyncio.wait_for(run(), stretched(120)))
+
+
+def _worker_limits(c: Any) -> list[int]:
+    return sorted(w.memory_manager.memory_limit for w in c.workers.values() if w.status.name == "running")
+
+
 def _pid_and_rss() -> tuple[int, int]:
     import psutil
 
@@ -415,6 +446,21 @@ def test_scale_by_cores_shares_the_memory_too() -> None:
         c.scale(cores=3)
         cl.wait_for_workers(3, timeout=stretched(30))
         assert registered_limits(cl) == [amd.worker_memory_limit(3)] * 3
+
+
+def test_scale_by_memory_shares_the_memory_too(caplog: pytest.LogCaptureFixture) -> None:
+    """scale(memory=…) started its workers at the old share: 3 workers of the 2-worker limit (issue 30 item 2).
+    More workers do not give a group more memory: a WARNING says what they share."""
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl, \
+            caplog.at_level(logging.WARNING, "distributed.apsi_memory"):
+        asked = 2 * amd.worker_memory_limit(2) + 1  # dask's rule: one worker more than two of today's share
+        c.scale(memory=asked)
+        cl.wait_for_workers(3, timeout=stretched(30))
+        three = amd.worker_memory_limit(3)
+        assert registered_limits(cl) == [three] * 3
+    assert [r.getMessage() for r in caplog.records if "scale(memory=" in r.getMessage()] == [
+        (f"apsi_memory: scale(memory={asked}): more workers do not add memory to a group; its 3 workers share "
+         f"{fmt_size(3 * three)} ({fmt_size(three)} each)")]
 
 
 def test_adapt_scaling_down_gives_the_remaining_workers_the_larger_share() -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -253,3 +254,57 @@ def test_control_dasks_default_chunk_size_not_given_is_ours_to_set(monkeypatch: 
         assert amd.follow_limit(384 * MiB, 1)["array.chunk-size"] == 16 * MiB
     finally:
         dask.config.set({"array.chunk-size": before})
+
+
+# -- chunk advice for arrays made before cluster() ------------------------------------------------------------------
+
+def named_arrays(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("apsi_memory: dask array ")]
+
+
+def test_an_array_chunked_too_big_for_the_workers_is_named_once_when_sent_to_the_cluster(
+        sim_machine: Callable[..., Any], caplog: pytest.LogCaptureFixture) -> None:
+    """cluster() sets the chunk size for the arrays made after it; one made before it, or chunked by hand at dask's
+    default 128 MiB, still failed where stock finished (issue 30 item 3). Work sent to the cluster's client names
+    each such array once (not the arrays computed from it, whose chunks follow its), with the chunk that fits;
+    an array chunked small is not named."""
+    import dask.array as da
+
+    from apsi_memory.units import fmt_size
+
+    sim_machine(machines.docker_v1, limit=1 * GiB)  # two workers of 384 MiB: 16 MiB chunks fit
+    big = da.zeros((4096, 4096), chunks=(4096, 4096))  # one 128 MiB chunk (dask's zeros take no memory)
+    small = da.zeros((4096, 4096), chunks=(256, 4096))  # 8 MiB chunks
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as client, \
+            caplog.at_level(logging.WARNING, LOGGER):
+        assert (small + 1).sum().compute() == 4096 * 4096
+        assert named_arrays(caplog) == []
+        assert big.sum().compute() == 0  # dask.compute, through the client
+        client.persist(big).sum().compute()  # the same array again, sent another way
+        client.compute(big[:1]).result(timeout=WORKERS_WAIT_S)
+    limit = amd.worker_memory_limit(2)
+    assert named_arrays(caplog) == [
+        (f"apsi_memory: dask array {big.name} of shape (4096, 4096) has chunks of {fmt_size(128 * MiB)}, more "
+         f"than this cluster's {fmt_size(limit)} workers fit: rechunk it to chunks of {fmt_size(16 * MiB)} or less "
+         "(or build it after cluster()), else it may pause or kill them")]
+
+
+def test_to_dask_chunks_fit_the_workers_of_the_cluster_it_runs_on(
+        sim_machine: Callable[..., Any], caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """to_dask chunked as map's default blocks, 32 MiB, above the 16 MiB that cluster() sets for 384 MiB workers:
+    the library's own arrays were too big for its workers. Its default follows dask's array.chunk-size where that
+    is smaller (dask's own 128 MiB leaves map's blocks)."""
+    import numpy as np
+
+    import apsi_memory as memory
+
+    x = tmp_path / "x.npy"  # 64 MiB of 8 KiB rows, read by the tasks from the file
+    np.save(x, np.zeros((8192, 1024)))
+    assert memory.to_dask(x).chunksize == (4096, 1024)  # 32 MiB, map's default, under dask's 128 MiB
+    sim_machine(machines.docker_v1, limit=1 * GiB)
+    with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client(), \
+            caplog.at_level(logging.WARNING, LOGGER):
+        d = memory.to_dask(x)
+        assert d.chunksize == (2048, 1024) and dask.config.get("array.chunk-size") == 16 * MiB
+        assert d.sum().compute() == 0
+    assert named_arrays(caplog) == []

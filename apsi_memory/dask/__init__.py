@@ -49,6 +49,7 @@ from ..errors import ArgumentError, ArgumentTypeError, BudgetWarning, MissingExt
 
 try:
     import dask
+    from dask.utils import parse_bytes
     from distributed import LocalCluster, Nanny, Worker
     from distributed.core import Status
     from distributed.diagnostics.plugin import NannyPlugin
@@ -61,16 +62,9 @@ from ..adapters.dask_workers import family, group_dask
 from ..decide import chunk_bytes, nanny_limit_now
 from ..machinery.machines import machine
 from ..units import fmt_size
+from .chunks import name_big_chunks, watch_submissions
 from .pausing import PressurePlugin
-from .settings import (
-    CHUNK_SETTING,
-    dask_defaults,
-    given_outside,
-    max_pause_s,
-    memory_lines,
-    note_kept_chunk,
-    set_by_user,
-)
+from .settings import CHUNK_SETTING, follow_limit, max_pause_s, memory_lines, restore, settings_now
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
@@ -111,16 +105,17 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
                       stacklevel=2)
     kw["memory_limit"] = limit
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
-    before = _settings_now(decide.dask_settings(limit, threads_per_worker))
+    before = settings_now(decide.dask_settings(limit, threads_per_worker))
     settings = follow_limit(limit, threads_per_worker)
     try:
         with dask.config.set({"distributed.worker.memory.pause": False}):  # PressurePlugin pauses: dask undoes it
             made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
     except BaseException:
-        _restore(before)
+        restore(before)
         raise
-    made.fixed_limit, made.config_before = fixed is not None, before
+    made.fixed_limit, made.config_before, made.arrays_named = fixed is not None, before, set()
     _open.add(made)
+    watch_submissions(_check_chunks)
     _share_elsewhere(made, share, settings)
     return made
 
@@ -139,16 +134,22 @@ def _is_open(cluster: Any) -> bool:
 
 def _share_elsewhere(cluster: Any, limit: int, settings: dict[str, int | str]) -> None:
     """Give ``limit`` to the workers of this process's other open clusters (each running one spills down to a
-    smaller limit first), on their own event loops; waited for unless called from an event loop."""
+    smaller limit first), as ``share_between`` does."""
     for other in list(_open):
         if other is cluster or other.fixed_limit or not _is_open(other):
             continue
         other.new_spec["options"]["memory_limit"] = limit
-        done = asyncio.run_coroutine_threadsafe(other._share(limit, settings), other.loop.asyncio_loop)
-        if _running_loop() is None:
-            done.result()
+        other._share_on_its_loop(limit, settings)
         logger.info("apsi_memory: worker memory limit %s for the %d workers of another cluster of this process",
                     fmt_size(limit), len(other.worker_spec))
+
+
+def _check_chunks(client: Any, graph: Any) -> None:
+    """Names the arrays sent to one of this process's clusters with chunks its workers do not fit, each once."""
+    address = getattr(getattr(client, "scheduler", None), "address", None)
+    for made in list(_open):
+        if _is_open(made) and made.scheduler_address == address:
+            name_big_chunks(graph, *made.chunk_fits(), made.arrays_named)
 
 
 def _give_back(closed: Any) -> None:
@@ -156,26 +157,6 @@ def _give_back(closed: Any) -> None:
     left = [other for other in list(_open) if other is not closed and _is_open(other) and not other.fixed_limit]
     if left:
         left[0].share_between(len(left[0].worker_spec))
-
-
-def _settings_now(keys: Iterable[str]) -> dict[str, tuple[Any, bool]]:
-    """Each key's value in ``dask.config``, and whether ``follow_limit`` set it (for a cluster still open)."""
-    values = {key: dask.config.get(key, default=None) for key in keys}
-    return {key: (value, key in _settings_made and value == _settings_made[key]) for key, value in values.items()}
-
-
-def _restore(before: dict[str, tuple[Any, bool]]) -> None:
-    """``dask.config`` as it was before a cluster: the settings ``follow_limit`` made are the cluster's, not the
-    process's. A key someone else changed since (the user, another cluster) stays as they left it; one an open
-    cluster had set is that cluster's again."""
-    restored = {key: value for key, (value, _) in before.items()
-                if key in _settings_made and dask.config.get(key, default=None) == _settings_made[key]}
-    dask.config.set(restored)
-    for key, value in restored.items():
-        if before[key][1]:
-            _settings_made[key] = value
-        else:
-            del _settings_made[key]
 
 
 def _limit_bytes(limit: str | float, nthreads: int = 1) -> int:
@@ -194,52 +175,47 @@ def _dask_chose(limit: int, nthreads: int) -> bool:
     return limit == _limit_bytes("auto", nthreads) or limit in split
 
 
-def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
-    """Set (in this process's ``dask.config``, which nannies hand to the workers they start) and return
-    ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
-    ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
-    defaults, given = dask_defaults(), given_outside()
-    advised = decide.dask_settings(limit, nthreads, memory_lines())
-    settings = {key: value for key, value in advised.items() if _ours_to_set(key, defaults, given)}
-    if CHUNK_SETTING not in settings:
-        note_kept_chunk(int(advised[CHUNK_SETTING]), limit)
-    dask.config.set(settings)
-    _settings_made.update(settings)
-    logger.info("apsi_memory: dask settings for a %s worker: %s", fmt_size(limit), settings)
-    return settings
-
-
-def _ours_to_set(key: str, defaults: dict[str, Any], given: dict[str, Any]) -> bool:
-    return not set_by_user(key, defaults, given) or dask.config.get(key, default=None) == _settings_made.get(key)
-
-
-_settings_made: dict[str, Any] = {}  # what follow_limit set last: a later cluster or scale may change it again
-
-
 class MemoryCluster(LocalCluster):
-    """``cluster()``'s ``LocalCluster``: ``scale(n)`` or ``scale(cores=…)`` (and ``adapt``, up or down) gives every
+    """``cluster()``'s ``LocalCluster``: ``scale(n)``, ``scale(cores=…)`` or ``scale(memory=…)`` (and ``adapt``, up
+    or down) gives every
     worker, running or new, ``worker_memory_limit(n)`` and the dask settings that follow from it; a running worker
     over a smaller share spills down to it before its nanny applies it (``decide.nanny_limit_now``)."""
 
     fixed_limit = False
     config_before: dict[str, tuple[Any, bool]] | None = None  # dask.config before cluster(): restored at close
     _sharing: asyncio.Future[None] | None = None  # the last share started from the event loop, kept till done
+    arrays_named: set[str]  # the arrays sent here whose chunks were too big, named once each (cluster() sets it)
+    _fits: tuple[int, int] = (0, 0)  # a worker limit and the chunk it fits, as chunk_fits read them last
 
     async def _close(self) -> None:
         try:
             await super()._close()
         finally:
-            _restore(self.config_before or {})
+            restore(self.config_before or {})
             self.config_before = None
             _open.discard(self)
             _give_back(self)
 
-    def scale(self, n: int = 0, memory: str | None = None, cores: int | None = None) -> Any:
-        if cores is not None:  # dask's own rule for cores=, applied here so that they are shared too
+    def scale(self, n: int = 0, memory: str | int | None = None, cores: int | None = None) -> Any:
+        # dask's own rules for memory= (against today's share) and cores=, applied here so that they share too
+        if memory is not None:
+            n = max(n, math.ceil(parse_bytes(memory) / self._memory_per_worker()))
+        if cores is not None:
             n = max(n, math.ceil(cores / self._threads_per_worker()))
-        if memory is None and n >= 1 and not self.fixed_limit:
-            self.share_between(n)
-        return super().scale(n, memory=memory)
+        if n >= 1 and not self.fixed_limit:
+            limit = self.share_between(n)
+            if memory is not None and parse_bytes(memory) > n * limit:
+                logger.warning("apsi_memory: scale(memory=%r): more workers do not add memory to a group; its %d "
+                               "workers share %s (%s each)", memory, n, fmt_size(n * limit), fmt_size(limit))
+        return super().scale(n)
+
+    def chunk_fits(self) -> tuple[int, int]:
+        """The chunk a worker fits now (``decide.dask_settings``, read again when the share changes) and its limit."""
+        limit = int(self.new_spec["options"]["memory_limit"])
+        if self._fits[1] != limit:
+            advised = decide.dask_settings(limit, self._threads_per_worker(), memory_lines())
+            self._fits = (int(advised[CHUNK_SETTING]), limit)
+        return self._fits
 
     async def scale_down(self, workers: Iterable[str]) -> None:
         """``adapt`` retires workers through this, not ``scale``: those left share the memory they freed."""
@@ -252,14 +228,18 @@ class MemoryCluster(LocalCluster):
         group; they get it too) for the workers to come and those running (each running one spills down to a
         smaller share before its nanny applies it: ``decide.nanny_limit_now``), and its dask settings."""
         limit, settings = self._new_share(n)
-        running = _running_loop()
-        if running is not None and running is self.loop.asyncio_loop:  # adapt() scales from the cluster's loop
-            self._sharing = asyncio.ensure_future(self._share(limit, settings))
-        elif running is not None:  # another cluster's loop, closing: not blocked on this one
-            asyncio.run_coroutine_threadsafe(self._share(limit, settings), self.loop.asyncio_loop)
-        else:
-            self.sync(self._share, limit, settings)
+        self._share_on_its_loop(limit, settings)
         return limit
+
+    def _share_on_its_loop(self, limit: int, settings: dict[str, int | str]) -> None:
+        """``_share`` on this cluster's event loop, waited for unless called from an event loop: ``adapt()`` scales
+        from the cluster's own, and another cluster closing on its own loop is not blocked on this one."""
+        if _running_loop() is self.loop.asyncio_loop:
+            self._sharing = asyncio.ensure_future(self._share(limit, settings))
+            return
+        done = asyncio.run_coroutine_threadsafe(self._share(limit, settings), self.loop.asyncio_loop)
+        if _running_loop() is None:
+            done.result()
 
     def _new_share(self, n: int) -> tuple[int, dict[str, int | str]]:
         """The share of ``n`` workers and this process's other clusters' (who get it too), and its settings."""

@@ -1,17 +1,20 @@
 """The dask settings ``apsi_memory.dask`` reads: ``apsi-memory.max-pause``, and dask's own memory lines
 ``distributed.worker.memory.*`` as the user set them, turned into the lines ``PressurePlugin`` and the chunk size
-follow (``decide.workers.worker_lines``); each one not followed is a WARNING, once per process."""
+follow (``decide.workers.worker_lines``); each one not followed is a WARNING, once per process. And those it makes
+(``follow_limit``: chunk size, p2p buffers, rechunk method), set back when their cluster closes (``restore``)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import dask
 
-from ..decide import DASK_PAUSE_FRACTION, MAX_PAUSE_S, Level
+from ..decide import DASK_PAUSE_FRACTION, MAX_PAUSE_S, Level, dask_settings
 from ..decide.workers import MEMORY_SETTINGS, WorkerLines, worker_lines
 from ..errors import ArgumentError
+from ..units import fmt_size
 
 MAX_PAUSE_SETTING = "apsi-memory.max-pause"
 CHUNK_SETTING = "array.chunk-size"
@@ -95,3 +98,45 @@ def memory_lines(pause: float = DASK_PAUSE_FRACTION, level: Level = Level.HIGH) 
             _warned.add(note)
             logger.warning("apsi_memory: %s", note)
     return lines
+
+
+def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
+    """Set (in this process's ``dask.config``, which nannies hand to the workers they start) and return
+    ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
+    ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
+    defaults, given = dask_defaults(), given_outside()
+    advised = dask_settings(limit, nthreads, memory_lines())
+    settings = {key: value for key, value in advised.items() if _ours_to_set(key, defaults, given)}
+    if CHUNK_SETTING not in settings:
+        note_kept_chunk(int(advised[CHUNK_SETTING]), limit)
+    dask.config.set(settings)
+    _settings_made.update(settings)
+    logger.info("apsi_memory: dask settings for a %s worker: %s", fmt_size(limit), settings)
+    return settings
+
+
+def _ours_to_set(key: str, defaults: dict[str, Any], given: dict[str, Any]) -> bool:
+    return not set_by_user(key, defaults, given) or dask.config.get(key, default=None) == _settings_made.get(key)
+
+
+_settings_made: dict[str, Any] = {}  # what follow_limit set last: a later cluster or scale may change it again
+
+
+def settings_now(keys: Iterable[str]) -> dict[str, tuple[Any, bool]]:
+    """Each key's value in ``dask.config``, and whether ``follow_limit`` set it (for a cluster still open)."""
+    values = {key: dask.config.get(key, default=None) for key in keys}
+    return {key: (value, key in _settings_made and value == _settings_made[key]) for key, value in values.items()}
+
+
+def restore(before: dict[str, tuple[Any, bool]]) -> None:
+    """``dask.config`` as it was before a cluster: the settings ``follow_limit`` made are the cluster's, not the
+    process's. A key someone else changed since (the user, another cluster) stays as they left it; one an open
+    cluster had set is that cluster's again."""
+    restored = {key: value for key, (value, _) in before.items()
+                if key in _settings_made and dask.config.get(key, default=None) == _settings_made[key]}
+    dask.config.set(restored)
+    for key, value in restored.items():
+        if before[key][1]:
+            _settings_made[key] = value
+        else:
+            del _settings_made[key]

@@ -27,6 +27,7 @@ client=client)``: the blocks are read here and scattered one at a time; write re
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ALL_COMPLETED
@@ -408,7 +409,8 @@ def _first(cluster: Workers, fn: Fn, inputs: FileRows, spans: Spans) -> tuple[np
 
 def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, client: Any = None) -> Any:
     """``x`` as a ``dask.array`` with one chunk per ``map`` block (``rows`` rows; the default as for ``map`` on
-    one thread). A file-backed ``x`` is read by the tasks from its file by path, in one graph layer (the graph holds
+    one thread, or dask's ``array.chunk-size`` where smaller: ``cluster()`` sets it from its workers' limit,
+    ``_rows_in_chunk``). A file-backed ``x`` is read by the tasks from its file by path, in one graph layer (the graph holds
     no data; unlike ``da.from_array``, which copies an ``np.memmap`` into RAM, dask #11850); the dask array holds
     ``x`` here, so a spilled ``memory.array`` made in a function lives as long as what it returned (after
     ``memory.free(x)`` a compute raises ``ChunkError``). An in-RAM one is chunked as it is. With ``client``, for
@@ -420,6 +422,8 @@ def to_dask(x: str | os.PathLike[str] | np.ndarray, rows: int | None = None, *, 
     source = resolve_source(x)
     array = source.open()
     block_rows = rows_per_block(source.row_bytes(), rows)
+    if rows is None:
+        block_rows = min(block_rows, _rows_in_chunk(source.row_bytes()))
     spans = block_spans(len(array), block_rows)
     found = rows_in_file(x) if len(array) else None
     chunks = (block_rows, *array.shape[1:])
@@ -475,3 +479,15 @@ def _scattered(client: Any, array: np.ndarray, spans: Spans) -> list[Any]:
     finally:
         pages.close()
     return futures
+
+
+def _rows_in_chunk(row_bytes: int) -> int:
+    """Rows in dask's ``array.chunk-size`` (at least one; no bound where it is not a size, such as ``"auto"``)."""
+    import dask
+    from dask.utils import parse_bytes
+
+    try:
+        size = int(parse_bytes(dask.config.get("array.chunk-size")))
+    except (TypeError, ValueError, KeyError):
+        return sys.maxsize
+    return max(1, size // max(1, row_bytes))
