@@ -289,6 +289,19 @@ def test_an_array_chunked_too_big_for_the_workers_is_named_once_when_sent_to_the
          "(or build it after cluster()), else it may pause or kill them")]
 
 
+def test_a_distributed_without_the_submission_point_still_makes_clusters(
+        sim_machine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk check wraps a private method of distributed's Client; a release without it must cost the advice,
+    not the cluster."""
+    from distributed import Client
+
+    monkeypatch.delattr(Client, "_graph_to_futures")
+    sim_machine(machines.docker_v1, limit=1 * GiB)
+    with amd.cluster(n_workers=1, processes=False, dashboard_address=":0") as c:
+        assert not hasattr(Client, "_graph_to_futures")
+        assert c.workers
+
+
 def test_to_dask_chunks_fit_the_workers_of_the_cluster_it_runs_on(
         sim_machine: Callable[..., Any], caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     """to_dask chunked as map's default blocks, 32 MiB, above the 16 MiB that cluster() sets for 384 MiB workers:

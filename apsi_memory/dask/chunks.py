@@ -78,7 +78,10 @@ def watch_submissions(check: Callable[[Any, Any], None]) -> None:
     plugin sees the keys, not the arrays' shapes), so this wraps ``Client._graph_to_futures``, once a process."""
     from distributed import Client
 
-    send = Client._graph_to_futures
+    send = getattr(Client, "_graph_to_futures", None)
+    if send is None:  # a private method: a later distributed may rename it, and the advice is not worth a failure
+        logger.info("apsi_memory: this distributed has no Client._graph_to_futures; arrays' chunks go unchecked")
+        return
     if getattr(send, WATCHED, False):
         return
 
