@@ -139,7 +139,8 @@ class Siblings:
         self._mine = Record(self._pid, 0, 0, 0, 0)
         self._statm = Statm(self._root)
         self._parsed = Parsed()
-        self._rough: tuple[object, bytes, SiblingReading] | None = None  # (key, cap), bytes, bound
+        # (key, cap, our slot), the others' bytes before and after our slot, the bound they gave
+        self._rough: tuple[object, bytes, bytes, SiblingReading] | None = None
         self._rss: Callable[[int, int], int | None] = (
             self._statm.anon_rss if rss is None else lambda pid, start: rss(pid))
 
@@ -289,11 +290,15 @@ class Siblings:
         return self._upper_bound(key, cap, fd, data, own)
 
     def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes, own: int | None) -> SiblingReading:
-        # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
-        others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
-        if self._rough is None or self._rough[:2] != ((key, cap), others):
-            self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), False, cap))
-        return self._rough[2]
+        # The upper bound depends on the others' records only: while their bytes stay the same, so does it. They are
+        # compared where they lie in ``data`` (startswith, endswith: no copy), since every placement comes here.
+        rough = self._rough
+        if rough is not None and rough[0] == (key, cap, own) and data.startswith(rough[1]) and data.endswith(rough[2]):
+            return rough[3]
+        cut = FILE_BYTES if own is None else own * SLOT_BYTES
+        found = self._tally(fd, data, own, self.path(key), False, cap)
+        self._rough = ((key, cap, own), data[:cut], data[cut + SLOT_BYTES:], found)
+        return found
 
     def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool,
                cap: int | None) -> SiblingReading:
@@ -457,8 +462,8 @@ class Siblings:
         reading, and still never less than what is unwritten."""
         with self._lock:
             try:
-                self._check_fork()  # first: a forked child's record is not its parent's
-                mine, at = self._mine, self._flat(key)
+                self._check_fork()  # first: a forked child's record is not its parent's (so no _flat: one getpid)
+                mine, at = self._mine, self._held_slot(key)
                 reserved = min(held, max(0, mine.reserved - less))
                 if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
                     self._put(at, reserved, held, mine.rss)
