@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import sim.tree
 from apsi_memory import Machine
 from apsi_memory.machinery import reservations, slots
 from apsi_memory.machinery.reservations import FILE_BYTES, SLOT_BYTES, SLOTS, Record, Siblings, pack_record
+from apsi_memory.system.once import ForkMark
 from sim.clock import FakeClock
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -347,6 +349,30 @@ for uses_the_library in (True, False):
 print("parent", os.getpid(), flush=True)
 time.sleep(60)
 """
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_WIPEONFORK is Linux's (elsewhere: getpid)")
+def test_the_fork_mark_sees_a_libc_fork_without_asking_getpid(monkeypatch):
+    """``ForkMark``, which every placement asks (``Siblings._flat``): a child of a C library's fork (no Python
+    hook runs) is told apart from its parent by a page the kernel zeroed, with ``getpid`` not called (it fails
+    here); the parent is still the process that made the mark."""
+    import ctypes
+
+    mark = ForkMark()
+    reader, writer = os.pipe()
+
+    def no_getpid() -> int:
+        raise AssertionError("getpid asked")
+    monkeypatch.setattr(os, "getpid", no_getpid)
+    child = ctypes.CDLL(None, use_errno=True).fork()
+    if child == 0:
+        os.write(writer, b"child %d" % mark.same())
+        os._exit(0)
+    os.close(writer)
+    told = os.read(reader, 100)
+    os.waitpid(child, 0)
+    os.close(reader)
+    assert (told, mark.same()) == (b"child 0", True)
 
 
 def test_children_of_a_libc_fork_neither_take_nor_keep_their_dead_parents_slot(tmp_path):
