@@ -8,9 +8,9 @@ its anonymous RSS then, and a CRC-32. A reader takes the whole file with one ``p
 waits on, so a stopped or dead writer cannot hold it up. A forked child closes the descriptors it inherited (a
 fork hook; without one, as after a libc ``fork``, at its first use: ``ForkMark``, a page the kernel zeroed) and
 never writes the parent's slot. With every slot taken, a process reads its siblings but does not publish (one
-WARNING). The last user of a file removes it when it leaves (``close``, at exit): under a lock of every slot, and only a file the
-library made. A process whose file was removed or replaced under it opens the new one and publishes there
-(within ``reservations.CHECK_EVERY`` where it holds a slot; at once where it does not).
+WARNING). The last user of a file removes it when it leaves (``close``, at exit): under a lock of every slot, and
+only a file the library made. A process whose file was removed or replaced under it opens the new one and
+publishes there (within ``reservations.CHECK_EVERY`` where it holds a slot; at once where it does not).
 """
 
 from __future__ import annotations
