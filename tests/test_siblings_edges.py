@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import sim.tree
 from apsi_memory import Machine
 from apsi_memory.machinery import reservations, slots
 from apsi_memory.machinery.reservations import FILE_BYTES, SLOT_BYTES, SLOTS, Record, Siblings, pack_record
+from apsi_memory.system.once import ForkMark
 from sim.clock import FakeClock
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -292,6 +294,25 @@ def test_of_two_placements_at_once_at_least_one_sees_the_other_on_the_flat_path(
     assert done and "SSD" in (mine, done[0])
 
 
+@pytest.mark.parametrize("call", ["pread", "pwrite"])
+def test_a_ledger_error_on_the_flat_path_places_as_with_no_siblings_after_one_warning(tmp_path, monkeypatch, caplog,
+                                                                                      call):
+    """The rule of ``test_a_ledger_error_places_as_with_no_siblings_after_one_warning`` where the placement takes
+    the flat path of ``reserve_and_read``: its ledger ``pread`` (or ``pwrite``) fails with EIO. Before: a NameError
+    out of ``memory.array`` on that path's ``except OSError``."""
+    ours, other = flat(tmp_path, monkeypatch)
+    assert place(other) == "RAM"  # a sibling holds 1.8 GiB it has not written: working, ours would go to the SSD
+    monkeypatch.setattr(reservations, "os", Faulty(os, call, errno.EIO))  # the ledger's calls (statm's are slots')
+    caplog.set_level(logging.INFO, "apsi_memory.siblings")
+    mine = place(ours)
+    with ours.use():
+        again = memory.siblings()
+    said = warnings(caplog)
+    print(f"\nEIO at the flat path's {call}: placed in {mine}; then {again}; warnings: {said}")
+    assert mine == "RAM" and (again.processes, again.ledger) == (0, None)  # as with no siblings
+    assert len(said) == 1 and "EIO" in said[0] and str(tmp_path / "ledger" / "reservations-") in said[0], said
+
+
 # -- item 13: the last user removes the file ---------------------------------------------------------------------
 
 def test_the_last_user_of_a_ledger_file_removes_it_and_only_it(tmp_path):
@@ -328,6 +349,30 @@ for uses_the_library in (True, False):
 print("parent", os.getpid(), flush=True)
 time.sleep(60)
 """
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_WIPEONFORK is Linux's (elsewhere: getpid)")
+def test_the_fork_mark_sees_a_libc_fork_without_asking_getpid(monkeypatch):
+    """``ForkMark``, which every placement asks (``Siblings._flat``): a child of a C library's fork (no Python
+    hook runs) is told apart from its parent by a page the kernel zeroed, with ``getpid`` not called (it fails
+    here); the parent is still the process that made the mark."""
+    import ctypes
+
+    mark = ForkMark()
+    reader, writer = os.pipe()
+
+    def no_getpid() -> int:
+        raise AssertionError("getpid asked")
+    monkeypatch.setattr(os, "getpid", no_getpid)
+    child = ctypes.CDLL(None, use_errno=True).fork()
+    if child == 0:
+        os.write(writer, b"child %d" % mark.same())
+        os._exit(0)
+    os.close(writer)
+    told = os.read(reader, 100)
+    os.waitpid(child, 0)
+    os.close(reader)
+    assert (told, mark.same()) == (b"child 0", True)
 
 
 def test_children_of_a_libc_fork_neither_take_nor_keep_their_dead_parents_slot(tmp_path):

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from ..logs import logger
 from ..system import paths, trust
+from ..system.once import ForkMark
 from .ledger_folders import LOG, candidate_dirs, open_folder
 from .ledger_life import close_in_children, instances, leave_at_exit
 from .reader import MemoryReading
@@ -125,9 +126,9 @@ class Siblings:
         instances.add(self)
 
     def _reset(self) -> None:
-        self._real_pid = os.getpid()  # a forked child has no slot and no record of its own: it starts afresh
+        self._mark = ForkMark()  # a forked child has no slot and no record of its own: it starts afresh
         pid, self._start, rss = self._given
-        self._pid = pid or self._real_pid
+        self._pid = pid or os.getpid()
         self._folder: tuple[int, str] | None | bool = False  # False: not looked for yet; None: no safe folder
         self._files: dict[str, tuple[int, tuple[int, int]]] = {}  # key -> descriptor, (device, inode) opened
         self._off: set[str] = set()  # files given up on, each after one WARNING: as with no ledger
@@ -138,12 +139,12 @@ class Siblings:
         self._mine = Record(self._pid, 0, 0, 0, 0)
         self._statm = Statm(self._root)
         self._parsed = Parsed()
-        self._rough: tuple[object, bytes, SiblingReading] | None = None  # (key, cap), bytes, bound
+        self._rough: tuple[object, bytes, bytes, SiblingReading] | None = None  # (key, cap, slot), before, after, bound
         self._rss: Callable[[int, int], int | None] = (
             self._statm.anon_rss if rss is None else lambda pid, start: rss(pid))
 
     def _check_fork(self) -> None:
-        if self._real_pid != os.getpid():  # getpid asks the kernel: a fork without Python's hooks is seen too
+        if not self._mark.same():  # the kernel's mark: a fork without Python's hooks is seen too
             self._forget()
 
     def _forget(self) -> None:
@@ -160,7 +161,7 @@ class Siblings:
         """Leave the ledgers: this entry's slot is zeroed and free for another, and a file no live process
         uses any more is removed (in a forked child: only its copies of the descriptors are closed)."""
         with self._lock:
-            if self._real_pid == os.getpid():
+            if self._mark.same():
                 with contextlib.suppress(OSError):
                     self._leave()
                 for key in list(self._files):
@@ -288,11 +289,13 @@ class Siblings:
         return self._upper_bound(key, cap, fd, data, own)
 
     def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes, own: int | None) -> SiblingReading:
-        # The upper bound depends on the others' records only: while their bytes stay the same, so does it.
-        others = data if own is None else data[:own * SLOT_BYTES] + data[(own + 1) * SLOT_BYTES:]
-        if self._rough is None or self._rough[:2] != ((key, cap), others):
-            self._rough = ((key, cap), others, self._tally(fd, data, own, self.path(key), False, cap))
-        return self._rough[2]
+        # It depends on the others' records only: while their bytes stay the same (compared in place), so does it.
+        rough = self._rough
+        if rough is None or rough[0] != (key, cap, own) or not (data.startswith(rough[1]) and data.endswith(rough[2])):
+            cut = FILE_BYTES if own is None else own * SLOT_BYTES
+            rough = self._rough = ((key, cap, own), data[:cut], data[cut + SLOT_BYTES:],
+                                   self._tally(fd, data, own, self.path(key), False, cap))
+        return rough[3]
 
     def _tally(self, fd: int, data: bytes, own: int | None, ledger: str | None, exact: bool,
                cap: int | None) -> SiblingReading:
@@ -409,8 +412,7 @@ class Siblings:
         """A placement's two steps, in this order: ``reserve(key, more, held)``, then ``read(key, exact=False,
         cap=cap)``; published before read, so of two placements at once at least one sees the other. Where this
         process's slot in ``key``'s file is held and not due for its check (every placement but the first of each
-        second), flat: one ``statm`` read, one ``pwrite``, one ``pread`` (issue 29: the steps' layers cost more
-        than their system calls)."""
+        second), flat: one ``statm`` read, one ``pwrite``, one ``pread``, and no ``getpid`` (issue 29)."""
         with self._lock:
             at, mine = self._flat(key), self._mine
             rss = None if at is None else self._rss(self._pid, mine.start)
@@ -434,8 +436,8 @@ class Siblings:
 
     def _flat(self, key: str) -> tuple[int, int] | None:
         """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: ``_held_slot``'s,
-        and this is the process that opened it (else None: step by step)."""
-        return None if self._real_pid != os.getpid() else self._held_slot(key)
+        and this is the process that opened it (``ForkMark``: no system call) (else None: step by step)."""
+        return self._held_slot(key) if self._mark.same() else None
 
     def _held_slot(self, key: str) -> tuple[int, int] | None:
         """The file and slot this process holds in ``key``'s ledger while the file is not due for its check."""
@@ -456,8 +458,8 @@ class Siblings:
         reading, and still never less than what is unwritten."""
         with self._lock:
             try:
-                self._check_fork()  # first: a forked child's record is not its parent's
-                mine, at = self._mine, self._flat(key)
+                self._check_fork()  # first: a forked child's record is not its parent's (so no _flat)
+                mine, at = self._mine, self._held_slot(key)
                 reserved = min(held, max(0, mine.reserved - less))
                 if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
                     self._put(at, reserved, held, mine.rss)

@@ -6,11 +6,11 @@ open-file-description record lock on the slot's bytes (``F_OFD_SETLK``; POSIX ``
 life, and rewrites its record there with one ``pwrite``: pid, start time, bytes reserved, bytes of RAM arrays held,
 its anonymous RSS then, and a CRC-32. A reader takes the whole file with one ``pread``: no lock it
 waits on, so a stopped or dead writer cannot hold it up. A forked child closes the descriptors it inherited (a
-fork hook; without one, as after a libc ``fork``, at its first use: ``getpid`` changed) and never writes the
-parent's slot. With every slot taken, a process reads its siblings but does not publish (one WARNING). The last
-user of a file removes it when it leaves (``close``, at exit): under a lock of every slot, and only a file the
-library made. A process whose file was removed or replaced under it opens the new one and publishes there
-(within ``reservations.CHECK_EVERY`` where it holds a slot; at once where it does not).
+fork hook; without one, as after a libc ``fork``, at its first use: ``ForkMark``, a page the kernel zeroed) and
+never writes the parent's slot. With every slot taken, a process reads its siblings but does not publish (one
+WARNING). The last user of a file removes it when it leaves (``close``, at exit): under a lock of every slot, and
+only a file the library made. A process whose file was removed or replaced under it opens the new one and
+publishes there (within ``reservations.CHECK_EVERY`` where it holds a slot; at once where it does not).
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ class Record(NamedTuple):
     rss: int  # its anonymous RSS when it published
 
 
-_PAD = bytes(SLOT_BYTES - _FORMAT.size - _CRC.size)
+_TAIL = struct.Struct(f"<I{SLOT_BYTES - _FORMAT.size - _CRC.size}x")  # the CRC and the slot's spare bytes
 
 
 def pack_record(record: Record) -> bytes:
     body = _FORMAT.pack(MAGIC, *record)
-    return body + _CRC.pack(zlib.crc32(body)) + _PAD
+    return body + _TAIL.pack(zlib.crc32(body))
 
 
 def parse_record(data: bytes, offset: int = 0) -> Record | str:

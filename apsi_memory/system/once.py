@@ -1,5 +1,6 @@
 """``once``: a function that runs the first time it is called, in a thread-safe way, and never again; and
-``fork_hooks``, fork hooks registered that way, with ``each`` to run one on every object whatever one of them meets.
+``fork_hooks``, fork hooks registered that way, with ``each`` to run one on every object whatever one of them meets;
+``ForkMark``, whether a fork happened since, asked without a system call.
 
 What the library sets up for itself (fork hooks, the at-exit cleanup, reclaiming dead owners' spill files) is
 done on first use through this, never at import.
@@ -7,7 +8,9 @@ done on first use through this, never at import.
 
 from __future__ import annotations
 
+import mmap
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -52,3 +55,33 @@ def each(items: Iterable[T], action: Callable[[T], None]) -> None:
             failure = failure or err
     if failure is not None:
         raise failure
+
+
+# Linux's MADV_WIPEONFORK (18 in its generic and x86 headers), which Python's mmap module does not name
+_WIPEONFORK = getattr(mmap, "MADV_WIPEONFORK", 18) if sys.platform.startswith("linux") else None
+
+
+class ForkMark:
+    """Whether this is still the process that made the mark, with no system call: a private page the kernel zeroes
+    in a child at fork (``MADV_WIPEONFORK``, Linux 4.14+), which sees any fork, Python's or a C library's, as
+    ``getpid`` does; ``getpid`` itself (a system call on every use) where the kernel has no such page."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._page = _wiped_at_fork()
+
+    def same(self) -> bool:
+        page = self._page
+        return page[0] == 1 if page is not None else self._pid == os.getpid()
+
+
+def _wiped_at_fork() -> mmap.mmap | None:
+    if _WIPEONFORK is None:
+        return None
+    try:
+        page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        page.madvise(_WIPEONFORK)  # EINVAL before Linux 4.14
+    except (OSError, ValueError):
+        return None
+    page[0] = 1
+    return page

@@ -12,6 +12,7 @@ Nothing here creates a folder: callers that write use ``private_dir`` (0700, cre
 
 from __future__ import annotations
 
+import functools
 import os
 
 from ..errors import ArgumentError
@@ -42,6 +43,7 @@ def runtime_dir() -> str | None:
     return os.path.normpath(value) if os.path.isabs(value) else None
 
 
+@functools.lru_cache(maxsize=64)  # every placement in a limited group asks: hashed once
 def ledger_name(version: int, directory: str) -> str:
     """The reservation ledger's file name for the memory group at ``directory`` (``CgroupMemory.binding``) of
     cgroup ``version``: a hash, since the folder's path may be long and holds ``/``."""
