@@ -6,7 +6,9 @@ than RAM.
 How it runs
 -----------
 * Blocks run on ``workers`` threads (default: the cores this process may use). NumPy releases the GIL in its
-  loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster.
+  loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster. Each thread takes the
+  next block in row order itself as it finishes one (``runner.run_pulled``): the calling thread only waits, so no
+  block waits for it to be handed out.
 * What ``fn`` sees: with ``rows`` given, exactly the blocks of ``rows`` rows (the last one shorter), so a
   function of the whole block (a normalisation by the block's mean) gets what it asked for. Without ``rows``, or
   with ``rowwise=True``, ``fn`` is called on consecutive pieces of each block, a quarter of a core's own cache
