@@ -16,11 +16,15 @@ COUNT, WORKERS, AHEAD = 12, 3, 3
 class Recorder:
     """The hooks of a run, each call noted in order (under the run's lock, so the list is the order they ran)."""
 
-    def __init__(self, fail_work: set[int] = frozenset(), fail_finish: int | None = None) -> None:
+    def __init__(self, fail_work: frozenset[int] = frozenset(), fail_finish: int | None = None) -> None:
         self.events: list[tuple[str, int]] = []
         self.fail_work, self.fail_finish = fail_work, fail_finish
         self.lock = threading.Lock()
         self.stopped = 0
+        self.stop_seen = threading.Event()
+        # blocks after the failing one wait for the stop, so however the threads are scheduled the ones that had
+        # not started when it came are exactly those that must never start
+        self.last_free = min([*fail_work, COUNT if fail_finish is None else fail_finish, COUNT])
 
     def note(self, what: str, index: int) -> None:
         with self.lock:
@@ -31,6 +35,8 @@ class Recorder:
 
     def work(self, index: int) -> None:
         self.note("work", index)
+        if index > self.last_free:
+            assert self.stop_seen.wait(10), "the run never stopped"
         if index in self.fail_work:
             raise ValueError(f"block {index}")
 
@@ -41,6 +47,7 @@ class Recorder:
 
     def on_stop(self) -> None:
         self.stopped += 1
+        self.stop_seen.set()
 
     def run(self) -> None:
         blocks = Pulled(COUNT, AHEAD, self.prepare, self.finish, Stop(COUNT))
@@ -72,7 +79,7 @@ def test_at_most_ahead_blocks_beyond_those_running_are_prepared_and_not_finished
 
 
 def test_the_first_failing_block_in_row_order_is_raised_and_no_later_block_starts() -> None:
-    recorder = Recorder(fail_work={4, 7})
+    recorder = Recorder(fail_work=frozenset({4, 7}))
     with pytest.raises(ValueError, match="block 4"):
         recorder.run()
     assert set(range(4)) <= set(recorder.indices("work"))  # the blocks before it ran
@@ -84,4 +91,4 @@ def test_a_failure_while_finishing_a_block_is_raised_not_lost() -> None:
     recorder = Recorder(fail_finish=2)
     with pytest.raises(OSError, match="finishing 2"):
         recorder.run()
-    assert max(recorder.indices("work")) < 2 + 1 + WORKERS
+    assert max(recorder.indices("work")) < 2 + WORKERS
