@@ -120,7 +120,7 @@ def test_the_blocks_go_on_while_the_calling_thread_is_held(spill_dir: Path) -> N
         return b + 1
 
     held: list[bool] = []
-    old = signal.signal(signal.SIGUSR1, lambda signum, frame: held.append(all_ran.wait(5)))
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: held.append(all_ran.wait(10)))
     try:
         x = np.arange(n_blocks, dtype=float)[:, None]
         np.testing.assert_array_equal(memory.map(fn, x, rows=1, workers=2), x + 1)
