@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -101,6 +102,31 @@ def test_one_worker_runs_every_block_on_one_thread_besides_the_caller(spill_dir:
 
     memory.map(fn, np.zeros((10, 1)), rows=1, workers=1)
     assert len(threads - {threading.current_thread().name}) == 1
+
+
+def test_the_blocks_go_on_while_the_calling_thread_is_held(spill_dir: Path) -> None:
+    """No thread hands the blocks out: with the caller held (here in a signal handler; on a loaded machine, off
+    its core while holding the GIL) the workers still take every block, not only those handed out before."""
+    n_blocks, seen, all_ran = 20, [], threading.Event()
+    lock = threading.Lock()
+
+    def fn(b: np.ndarray) -> np.ndarray:
+        if b[0, 0] == 0:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+        with lock:
+            seen.append(int(b[0, 0]))
+            if len(seen) == n_blocks:
+                all_ran.set()
+        return b + 1
+
+    held: list[bool] = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: held.append(all_ran.wait(10)))
+    try:
+        x = np.arange(n_blocks, dtype=float)[:, None]
+        np.testing.assert_array_equal(memory.map(fn, x, rows=1, workers=2), x + 1)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert held == [True]  # every block ran while the caller was in the handler
 
 
 def test_by_default_there_is_a_worker_per_core(spill_dir: Path) -> None:

@@ -113,6 +113,19 @@ def test_the_core_cache_is_level_2_from_sysfs(tmp_path: Path) -> None:
     assert Machine(root=str(tmp_path), siblings=False).cache_bytes() == 512 * 1024
 
 
+def test_the_core_cache_is_read_once_per_machine_root(tmp_path: Path) -> None:
+    """Every ``map`` call asks for the cache; sysfs is read for the first only, and again under a new root."""
+    first, other = SimTree(tmp_path / "a"), SimTree(tmp_path / "b")
+    with_cache(first, "512K")
+    m = Machine(root=str(tmp_path / "a"), siblings=False)
+    assert m.cache_bytes() == 512 * 1024
+    with_cache(first, "2048K")  # not read again: a core's cache does not change while the process runs
+    assert m.cache_bytes() == 512 * 1024
+    with_cache(other, "256K")
+    m.root = str(tmp_path / "b")
+    assert m.cache_bytes() == 256 * 1024
+
+
 def test_without_sysfs_the_core_cache_is_taken_as_1_mib(tmp_path: Path) -> None:
     assert core_cache_bytes(str(tmp_path)) is None
     assert Machine(root=str(tmp_path), siblings=False).cache_bytes() == CORE_CACHE_BYTES == 1024 * 1024

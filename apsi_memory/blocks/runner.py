@@ -1,16 +1,21 @@
 """Running row blocks in row order, and checking what each block returned: shared by ``map``'s threads
-(``mapping``) and its dask engine (``dask.tasks``), which differ only in how a block reaches a worker.
+(``mapping``), ``reduce``'s and ``map``'s dask engine (``dask.tasks``), which differ in how a block reaches a
+worker.
 
 * ``run_in_order`` hands out blocks in row order, at most ``in_flight`` at once, over any futures (threads or a
   cluster's) and stops at the first failing block in row order (``Stop``), whichever finished first.
+* ``run_pulled`` (``map``'s threads) has no thread handing out: each thread takes the next block in row order
+  itself as it finishes one (``Pulled``), with the same stop and the same first error.
 * ``result_of`` runs ``fn`` on one block and checks that it gave one row per input row; ``check_storable`` and
   ``check_like`` hold every block to what a ``memory.array`` output can store and to block 0's row shape and dtype.
 """
 
 from __future__ import annotations
 
+import contextvars
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Executor, wait
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -128,3 +133,67 @@ def rows_label(spans: Spans, index: int, piece: Span | None = None) -> str:
     """``1000:2000 (block 2 of 10)``: block ``index``'s rows, or those of ``piece`` of it."""
     start, stop = piece or spans[index]
     return f"{start}:{stop} (block {index + 1} of {len(spans)})"
+
+
+class Pulled:
+    """Blocks handed out in row order to threads that each take their next block themselves (``run_pulled``):
+    no thread hands blocks out, so no block waits for a hand-off, and under a loaded machine no hand-off thread
+    holds the GIL while the scheduler keeps it off a core. One lock covers the hand-out and the hooks, which
+    touch the blocks' shared pages and progress."""
+
+    def __init__(self, count: int, ahead: int, prepare: Callable[[int], None], finish: Callable[[int], None],
+                 stop: Stop) -> None:
+        self.count, self.ahead, self.prepare, self.finish, self.stop = count, ahead, prepare, finish, stop
+        self.next = self.prepared = 0
+        self.failed: dict[int, BaseException] = {}
+        self.lock = threading.Lock()
+
+    def claim(self, done: int | None) -> int | None:
+        """Block ``done`` (if any) is finished; the next block to run, or ``None`` when none is left or the run
+        stops. Blocks up to ``ahead`` past the one handed out are prepared (read ahead) in row order."""
+        with self.lock:
+            if done is not None:
+                self.finish(done)
+            if self.next >= min(self.count, self.stop.first):
+                return None
+            index, self.next = self.next, self.next + 1
+            for upcoming in range(self.prepared, min(self.count, self.stop.first, index + 1 + self.ahead)):
+                self.prepare(upcoming)
+            self.prepared = max(self.prepared, index + 1 + self.ahead)
+            return index
+
+    def fail(self, index: int, error: BaseException) -> None:
+        with self.lock:
+            self.failed[index] = error
+            self.stop.at(index)
+
+
+def run_pulled(pool: Executor, workers: int, work: Callable[[int], None], blocks: Pulled,
+               on_stop: Callable[[], None]) -> None:
+    """Every block of ``blocks`` through ``work`` on ``workers`` threads of ``pool``, each taking the next block
+    in row order as it finishes one, at most ``ahead`` blocks prepared beyond the last handed out. When blocks
+    fail, no block starts any more, those running finish (an earlier one may fail too), ``on_stop`` is called
+    and the error of the first failing block in row order is raised. A Ctrl-C (or any error) on the waiting
+    thread stops the run the same way: the blocks running finish first."""
+    caller = contextvars.copy_context()  # ``fn`` sees the caller's context (its machine()), a fresh copy a block
+
+    def thread() -> None:
+        on = -1  # the block this thread is on; a failure to hand out its first counts before every block
+        try:
+            index = blocks.claim(None)
+            while index is not None:
+                on = index
+                caller.copy().run(work, index)
+                index = blocks.claim(index)  # finishing the block (its pages, progress) fails as the block
+        except BaseException as exc:  # noqa: BLE001 -- raised by the waiting thread, the first in row order
+            blocks.fail(on, exc)
+            on_stop()
+
+    try:
+        wait([pool.submit(thread) for _ in range(min(workers, blocks.count))])
+    except BaseException:
+        blocks.stop.at(0)
+        on_stop()
+        raise
+    if blocks.failed:
+        raise blocks.failed[min(blocks.failed)]

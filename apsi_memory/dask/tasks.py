@@ -1,7 +1,7 @@
 """``memory.map(fn, x, rows, engine=client)`` on a dask cluster, and ``memory.to_dask(x, rows)``.
 
-The blocks are the local ``map``'s (``block_spans``), driven by the same ``runner.run_in_order``, checked by the
-same ``result_of``/``check_like``, with the same errors. What differs is how data reaches the workers: by path.
+The blocks are the local ``map``'s (``block_spans``), driven by ``runner.run_in_order`` (as ``reduce``'s threads
+are), checked by the same ``result_of``/``check_like``, with the same errors. What differs is how data reaches the workers: by path.
 
 * Input: a ``.npy`` path, or an array whose rows lie one after another in a file (``np.load(mmap_mode="r")``, an
   ``np.memmap``, a spilled ``memory.array``), is found in ``/proc/self/maps`` and opened on the worker by path and

@@ -90,6 +90,7 @@ class Machine:
                                     self.components.hear)
         self.budget_set: int | None = None  # set by budget(); None: the default
         self._last: MemoryReading | None = None  # the reading level_and_room took last
+        self._cache_bytes: int | None = None  # read from sysfs on first use: a core's cache does not change
 
     @property
     def root(self) -> str:
@@ -100,6 +101,7 @@ class Machine:
     @root.setter
     def root(self, root: str) -> None:
         old, self.reader = self.reader, MemoryReader(root, self.clock)
+        self._cache_bytes = None  # another machine's cache
         self.tracker.measure = partial(_measure_level, self.reader)
         old.close()
 
@@ -201,8 +203,11 @@ class Machine:
         return cores_from(read_proc_status(self.root))
 
     def cache_bytes(self) -> int:
-        """The cache a core has to itself (its level-2 cache), or ``CORE_CACHE_BYTES`` where sysfs does not say."""
-        return core_cache_bytes(self.root) or CORE_CACHE_BYTES
+        """The cache a core has to itself (its level-2 cache), or ``CORE_CACHE_BYTES`` where sysfs does not say;
+        read once per root (every ``map`` call asks, and sysfs takes a dozen file reads to answer)."""
+        if self._cache_bytes is None:
+            self._cache_bytes = core_cache_bytes(self.root) or CORE_CACHE_BYTES
+        return self._cache_bytes
 
     # -- the budget ------------------------------------------------------------------------------------------------
 

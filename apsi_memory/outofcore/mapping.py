@@ -6,7 +6,9 @@ than RAM.
 How it runs
 -----------
 * Blocks run on ``workers`` threads (default: the cores this process may use). NumPy releases the GIL in its
-  loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster.
+  loops, so a NumPy-heavy ``fn`` uses every core; a pure-Python ``fn`` does not get faster. Each thread takes the
+  next block in row order itself as it finishes one (``runner.run_pulled``): the calling thread only waits, so no
+  block waits for it to be handed out.
 * What ``fn`` sees: with ``rows`` given, exactly the blocks of ``rows`` rows (the last one shorter), so a
   function of the whole block (a normalisation by the block's mean) gets what it asked for. Without ``rows``, or
   with ``rowwise=True``, ``fn`` is called on consecutive pieces of each block, a quarter of a core's own cache
@@ -46,7 +48,6 @@ How it runs
 
 from __future__ import annotations
 
-import contextvars
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -62,6 +63,7 @@ from ..blocks.progress import Progress, progress_bar
 from ..blocks.rules import block_spans, piece_rows, positive_count, rows_per_block
 from ..blocks.runner import (
     BLOCKS_PER_WORKER,
+    Pulled,
     Span,
     Spans,
     Stop,
@@ -69,7 +71,7 @@ from ..blocks.runner import (
     check_storable,
     result_of,
     rows_label,
-    run_in_order,
+    run_pulled,
 )
 from ..blocks.sources import freed_source, resolve_source
 from ..errors import ArgumentTypeError
@@ -219,8 +221,9 @@ def _run(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans
 
 def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, inputs: BlockPages,
                 output: _Output, workers: int, bar: Progress, piece: int) -> None:
-    """Every block on ``workers`` threads, at most ``BLOCKS_PER_WORKER`` per thread in flight, ``fn`` called on
-    pieces of ``piece`` rows of each in turn, by the block's thread."""
+    """Every block on ``workers`` threads, each taking the next block in row order itself, at most
+    ``BLOCKS_PER_WORKER`` per thread read ahead and not finished, ``fn`` called on pieces of ``piece`` rows of each
+    in turn, by the block's thread, each result written into the output at once."""
     stop = Stop(len(spans))
 
     def computed(index: int, span: Span) -> np.ndarray:
@@ -234,9 +237,7 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
         if not stop.stopping:
             out[span[0]:span[1]] = result
 
-    def work(index: int) -> int:
-        if index >= stop.first:  # at or after a failed block: do not start
-            return index
+    def work(index: int) -> None:
         first, *rest = block_spans(spans[index][1], piece, spans[index][0]) or [spans[index]]
         try:
             result = computed(index, first)
@@ -250,18 +251,17 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
             put(out, index, first, result)
             for span in rest:
                 put(out, index, span, computed(index, span))  # written while the piece is still in the cache
-        return index
 
-    def submit(index: int) -> Future[int]:
+    def prepare(index: int) -> None:
         inputs.read_ahead(*spans[index])
         output.note(index)
-        return pool.submit(contextvars.copy_context().run, work, index)  # ``fn`` sees the caller's machine()
 
-    def done(index: int) -> None:
+    def finish(index: int) -> None:
         _finished(index, spans, inputs, output, bar)
 
+    blocks = Pulled(len(spans), workers * (BLOCKS_PER_WORKER - 1), prepare, finish, stop)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
-        run_in_order(len(spans), workers * BLOCKS_PER_WORKER, submit, wait_threads, done, stop, output.give_up)
+        run_pulled(pool, workers, work, blocks, output.give_up)
 
 
 def wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
