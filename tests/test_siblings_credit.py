@@ -112,11 +112,15 @@ def test_with_tight_memory_no_credit_is_taken_and_every_placement_publishes_and_
     del kept
 
 
-def test_a_forked_child_starts_without_its_parents_credit(two):
+@pytest.mark.parametrize("how", ["os.fork", "libc fork"])
+def test_a_forked_child_starts_without_its_parents_credit(two, how):
+    """A child forked by Python (its fork hooks run) or by the C library (none runs: ``ForkMark`` tells)."""
+    import ctypes
+
     ours, _ = two
     kept = [place(ours)]  # the parent holds a credit
     read, write = os.pipe()
-    pid = os.fork()
+    pid = os.fork() if how == "os.fork" else ctypes.CDLL(None, use_errno=True).fork()
     if pid == 0:  # the child: its first placement takes the full step, in a slot of its own
         try:
             seen = steps(ours)
@@ -147,3 +151,15 @@ def test_the_credit_is_retaken_once_spent_and_never_piles_up(two, monkeypatch):
     print(f"\n45 placements: {full} full steps, the sibling counted at most {most / MiB:.0f} MiB")
     assert 45 // (C // ARRAY + 1) <= full <= 45 // (C // ARRAY) + 1
     assert most <= ARRAY + 2 * C
+
+
+def test_a_full_step_before_the_credit_is_spent_takes_a_fresh_one_instead_of_adding_one(two, monkeypatch):
+    """With a check of the file due at every placement, each takes the full step with the credit unspent: the
+    sibling counts the arrays held and one credit, not one credit per step."""
+    ours, other = two
+    monkeypatch.setattr(reservations, "CHECK_EVERY", 0.0)
+    seen = steps(ours)
+    kept = [place(ours) for _ in range(5)]
+    assert seen.count("published") == 5
+    assert published(ours, other) == 5 * ARRAY + C
+    del kept
