@@ -494,6 +494,7 @@ class Siblings:
             if more > self._credit or self._last is None or self._flat(key) is None:
                 return None
             self._credit -= more
+            self._held += more  # told ahead, as a full step publishes it: the array's arrival asks nothing more
             return self._last
 
     @property
@@ -535,7 +536,8 @@ class Siblings:
     def settle(self, key: str, held: int, less: int = 0) -> None:
         """Publish ``held``, with the reservation less ``less`` and never more than ``held`` (unwritten pages
         are pages held). Kept against the RSS it was published with, which readers still take away: no RSS
-        reading, and still never less than what is unwritten."""
+        reading, and still never less than what is unwritten. While a credit was taken and what this takes off
+        stays within its size, nothing is written (``_unsaid``: the module's Credit)."""
         with self._lock:
             try:
                 self._check_fork()  # first: a forked child's record is not its parent's (so no _flat)
