@@ -64,8 +64,10 @@ pages have already lowered, so it errs on the side of too little room.
   The record's ``held`` may be as old as the full step (``told`` is the newest).
 * A fork: the child's entry starts afresh (``ForkMark``), with no slot and no credit; a draw is refused where the
   mark changed, before any state is read. Exit and death free the slot, credit and all, as before.
-* Tight memory, a level other than OK, a placement bigger than ``C``, a check of the file due (``CHECK_EVERY``),
-  another group, no slot: no draw, and no credit taken; every placement takes the full step as before.
+* Tight memory, a level other than OK, a placement bigger than ``C``: no credit taken, and every placement takes
+  the full step as before; a placement that finds the room after it under ``CREDIT_ROOM`` credits gives up what
+  is left (``revoke``: it stays published, as ``_unsaid``, until the next publish). A level other than OK, a check
+  of the file due (``CHECK_EVERY``), another group, no slot: no draw.
 * ``siblings()`` of another process counts our credit in ``reserved_bytes`` (and us as active).
 """
 
@@ -415,7 +417,7 @@ class Siblings:
         if key != self._key:
             with contextlib.suppress(OSError):
                 self._leave()
-            self._key = key
+            self._key, self._size = key, 0  # a credit is of one group's ledger
         if self._start is None:
             self._start = start_ticks()
         rss = (self._own_rss() if rss is None else rss) or 0
