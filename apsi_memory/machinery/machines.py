@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 BUDGET_ENV = "APSI_RAM_BUDGET"
 CORE_CACHE_BYTES = 1 << 20  # a core's own cache where sysfs does not say: the level 2 of current x86 server cores
+CREDIT_MAX = 16 << 20  # a placement credit (``Siblings.draw``): at most this, and a 256th of usable memory
+CREDIT_ROOM = 4  # taken only while the room after the placement is at least this many credits
 
 
 class Room(NamedTuple):
@@ -140,18 +142,40 @@ class Machine:
             level = self.tracker.level
         else:  # published (and told to the components) before the budget is read, as current_level() then limits()
             level = self.tracker.publish(due[0], level_from(reading, due[1]))
-        others = self._placing(reading, reserving)
+        others = self._placing(reading, reserving, level)
         self._last = reading
-        return level, self._room(reading, others)
+        room = self._room(reading, others)
+        if reserving and self.siblings is not None and not self._roomy(room, reserving, _credit_size(reading)):
+            self.siblings.revoke()  # memory is tight: every placement takes the full step
+        return level, room
 
-    def _placing(self, reading: MemoryReading, reserving: int) -> SiblingReading:
-        """Publish ``reserving`` (if any), then read the siblings: exactly, or as an upper bound after publishing."""
+    def _placing(self, reading: MemoryReading, reserving: int, level: Level) -> SiblingReading:
+        """Publish ``reserving`` (if any), then read the siblings: exactly, or as an upper bound after publishing.
+        A placement that fits in this process's credit draws on it instead, and takes the siblings as the full step
+        that published the credit read them (``Siblings.draw``: why that is safe)."""
         if self.siblings is None:
             return _no_siblings()
-        if reserving:
-            return self.siblings.reserve_and_read(group_key(reading), reserving, self.ledger.held() + reserving,
-                                                  reading.usable)
-        return self.siblings.read(group_key(reading), cap=reading.usable)
+        key = group_key(reading)
+        if not reserving:
+            return self.siblings.read(key, cap=reading.usable)
+        if level is Level.OK:
+            drawn = self.siblings.draw(key, reserving)
+            if drawn is not None:
+                return drawn
+        size = _credit_size(reading)
+        # Only beside a placement no bigger than the credit (a bigger one costs far more than its ledger step, and
+        # stays decided as before, with nothing reserved beside it), and only where it left room with the siblings
+        # as last read (and after this reading: ``level_and_room`` takes it back where it does not).
+        last = self.siblings.last or _no_siblings()
+        credit = size if level is Level.OK and reserving <= size and self._roomy(
+            self._room(reading, last), reserving, size) else 0
+        return self.siblings.reserve_and_read(key, reserving, self.ledger.held() + reserving, reading.usable, credit)
+
+    def _roomy(self, room: Room, reserving: int, size: int) -> bool:
+        """Whether the room after placing ``reserving`` still holds ``CREDIT_ROOM`` credits, every RAM array we
+        hold counted as unwritten (no ``mincore``)."""
+        held = self.ledger.held()
+        return min(room.budget_bytes - held, room.free_bytes - held) - reserving >= CREDIT_ROOM * size
 
     def exact_room(self) -> Room:
         """The ``Room`` of the reading ``level_and_room`` last took, the siblings read exactly (only live
@@ -251,9 +275,13 @@ class Machine:
         return shared_budget(reading.free, self.ledger.held(), others.reserved_bytes, others.active + 1)
 
 
+def _credit_size(reading: MemoryReading) -> int:
+    return min(CREDIT_MAX, reading.usable // 256)
+
+
 def _publish_held(siblings: Siblings, held: int) -> None:
     """Our RAM arrays' total changed: publish it, with what is unwritten (at most all of it)."""
-    if siblings.key is not None and held != siblings.own().held:
+    if siblings.key is not None and held != siblings.told():
         siblings.settle(siblings.key, held)
 
 

@@ -33,6 +33,42 @@ Nothing stale can lie
   with its reason (``SiblingReading.ignored``), never trusted; while its lock is held, a WARNING names the slot.
 * Any error of the ledger's file (a full disk, EACCES, EROFS, EIO, a file that cannot be made whole): one WARNING
   on ``apsi_memory.siblings`` naming the file and the errno, and the process goes on as with no siblings.
+
+Credit
+------
+A full step (publish, then read) costs three system calls; a small placement costs little more. So a process with
+room takes, at a full step of a placement no bigger than it, a credit of ``C`` bytes (``Machine``: 16 MiB, at most a
+256th of usable memory) on top: it publishes ``reserved = outstanding + more + C``. Its next placements of at most
+what is left of ``C`` draw on it (``draw``) with no system call, and take the siblings as that step read them.
+Why no sibling can be overrun by them: every sibling whose reading came after our publish counted ``C`` as ours;
+one whose reading came before it published before that reading, so before ours, which saw it. Each sibling's
+placement therefore either counted all of ``C`` or was counted by us when ``C`` was checked to fit (the full step
+takes it only where, with the siblings as last read, the room after the placement holds ``CREDIT_ROOM`` credits,
+and gives it up (``revoke``) where the fresh reading says otherwise). What a draw places is inside ``C``: the memory
+left for it is already set aside in every count that matters, even counts we have not read. The stale sibling
+reading only shapes our own room: their reservations as they were, against free memory now, which their charged
+pages have already lowered, so it errs on the side of too little room.
+
+* Our RSS growth. Readers take our RSS growth since the publish off ``reserved``; so ``C`` is published inside
+  ``reserved``, and pages of a drawn array that we write shrink the figure by as much as free memory falls: what a
+  reader sees left (free less claim) stays what it was at the publish, and never counts ``C`` twice. Growth that no
+  placement reserved (NumPy temporaries) shrinks it too, as it always did: that memory is charged, and the ledger
+  covers the library's placements, not all of a process's memory (at most ``C`` more of ours is exposed so, for at
+  most ``CHECK_EVERY``).
+* The next full step publishes ``outstanding`` of our reservation less the credit not drawn and the frees not
+  published (``_real``), then a fresh ``C``: an unspent credit is never carried into the next.
+* A free does not give bytes back to the credit: a freed array written before the publish lowers our RSS below
+  what we published with, which readers do not count (growth is at least 0), so bytes given back there would be
+  placed twice. It publishes nothing while the bytes it would take off (``_unsaid``) stay within ``C``: the
+  published figure then stands over ours by at most ``C``, which errs on the safe side; beyond, it publishes.
+  The record's ``held`` may be as old as the full step (``told`` is the newest).
+* A fork: the child's entry starts afresh (``ForkMark``), with no slot and no credit; a draw is refused where the
+  mark changed, before any state is read. Exit and death free the slot, credit and all, as before.
+* Tight memory, a level other than OK, a placement bigger than ``C``: no credit taken, and every placement takes
+  the full step as before; a placement that finds the room after it under ``CREDIT_ROOM`` credits gives up what
+  is left (``revoke``: it stays published, as ``_unsaid``, until the next publish). A level other than OK, a check
+  of the file due (``CHECK_EVERY``), another group, no slot: no draw.
+* ``siblings()`` of another process counts our credit in ``reserved_bytes`` (and us as active).
 """
 
 from __future__ import annotations
@@ -137,6 +173,11 @@ class Siblings:
         self._key: str | None = None
         self._check_at = 0.0  # when to ask again whether our slot's file is still the one named
         self._mine = Record(self._pid, 0, 0, 0, 0)
+        self._credit = 0  # of the published reservation, bytes not placed yet that a placement may draw (see Credit)
+        self._size = 0  # the credit taken at the last full step (0: none)
+        self._unsaid = 0  # bytes the published reservation stands over what it would be, unpublished frees
+        self._held = 0  # the RAM arrays' bytes last told (published, or not where the credit covers it)
+        self._last: SiblingReading | None = None  # the siblings as the full step that took the credit read them
         self._statm = Statm(self._root)
         self._parsed = Parsed()
         self._rough: tuple[object, bytes, bytes, SiblingReading] | None = None  # (key, cap, slot), before, after, bound
@@ -266,17 +307,20 @@ class Siblings:
         ``statm`` pread per used slot. Not ``exact``: only the pread, every intact record counted in full, alive
         or not — an upper bound, enough when the answer is RAM even so. ``cap``: the group's usable memory; a
         claim above it is nonsense, counted as ``cap`` (and said once)."""
-        from .reading import SiblingReading
-        with self._lock:
-            found = SiblingReading()
-            try:
-                self._check_fork()
-                found = self._read(key, exact, cap) or found  # None: no ledger file
-            except OSError as exc:
-                self._give_up(key, exc)
+        found = self._reading(key, exact, cap)
         if self.on_step is not None:
             self.on_step("read")
         return found
+
+    def _reading(self, key: str, exact: bool, cap: int | None) -> SiblingReading:
+        from .reading import SiblingReading
+        with self._lock:
+            try:
+                self._check_fork()
+                return self._read(key, exact, cap) or SiblingReading()  # None: no ledger file
+            except OSError as exc:
+                self._give_up(key, exc)
+                return SiblingReading()
 
     def _read(self, key: str, exact: bool, cap: int | None) -> SiblingReading | None:
         fd = self._file(key)
@@ -368,15 +412,17 @@ class Siblings:
     def _own_rss(self) -> int | None:
         return self._rss(self._pid, self._mine.start)
 
-    def _publish(self, key: str, reserved: int, held: int, rss: int | None) -> None:
-        """``rss`` None: read it now."""
+    def _publish(self, key: str, reserved: int, held: int, rss: int | None, credit: int = 0) -> None:
+        """Publish ``reserved`` plus ``credit``; ``rss`` None: read it now."""
         if key != self._key:
             with contextlib.suppress(OSError):
                 self._leave()
-            self._key = key
+            self._key, self._size = key, 0  # a credit is of one group's ledger
         if self._start is None:
             self._start = start_ticks()
-        self._mine = Record(self._pid, self._start, reserved, held, (self._own_rss() if rss is None else rss) or 0)
+        rss = (self._own_rss() if rss is None else rss) or 0
+        self._mine = Record(self._pid, self._start, reserved + credit, held, rss)
+        self._credit, self._unsaid, self._held = credit, 0, held
         self._write(key, self._file(key))
 
     def _write(self, key: str, fd: int | None) -> None:
@@ -396,43 +442,79 @@ class Siblings:
             self._drop(key)
             fd = self._open(key, self._folder) if isinstance(self._folder, tuple) else None
 
-    def reserve(self, key: str, more: int, held: int) -> None:
-        """Publish ``more`` bytes reserved on top of what is still outstanding, and ``held``; one RSS reading."""
+    def reserve(self, key: str, more: int, held: int, credit: int = 0) -> None:
+        """Publish ``more`` bytes reserved on top of what is still outstanding, and ``held``; one RSS reading.
+        ``credit``: bytes reserved on top for later placements to draw (``draw``)."""
         with self._lock:
             try:
                 self._check_fork()
                 rss = self._own_rss()
-                self._publish(key, outstanding(self._mine.reserved, self._mine.rss, rss) + more, held, rss)
+                self._publish(key, outstanding(self._real(), self._mine.rss, rss) + more, held, rss, credit)
+                self._size = credit
             except OSError as exc:
                 self._give_up(key, exc)
         if self.on_step is not None:
             self.on_step("published")
 
-    def reserve_and_read(self, key: str, more: int, held: int, cap: int | None) -> SiblingReading:
-        """A placement's two steps, in this order: ``reserve(key, more, held)``, then ``read(key, exact=False,
-        cap=cap)``; published before read, so of two placements at once at least one sees the other. Where this
-        process's slot in ``key``'s file is held and not due for its check (every placement but the first of each
-        second), flat: one ``statm`` read, one ``pwrite``, one ``pread``, and no ``getpid`` (issue 29)."""
+    def reserve_and_read(self, key: str, more: int, held: int, cap: int | None, credit: int = 0) -> SiblingReading:
+        """A placement's two steps, in this order: ``reserve(key, more, held, credit)``, then ``read(key,
+        exact=False, cap=cap)``; published before read, so of two placements at once at least one sees the other.
+        Where this process's slot in ``key``'s file is held and not due for its check (every placement but the
+        first of each second), flat: one ``statm`` read, one ``pwrite``, one ``pread``, and no ``getpid`` (issue
+        29). The reading is kept for the placements that draw on ``credit`` (``draw``)."""
         with self._lock:
-            at, mine = self._flat(key), self._mine
-            rss = None if at is None else self._rss(self._pid, mine.start)
-            if at is None or rss is None:  # the first placement, a check due, another group, a fork, no statm
-                self.reserve(key, more, held)
-                return self.read(key, False, cap)
-            fd, slot = at
-            try:
-                self._put(at, outstanding(mine.reserved, mine.rss, rss) + more, held, rss)
-                if self.on_step is not None:
-                    self.on_step("published")
-                found = self._upper_bound(key, cap, fd, os.pread(fd, FILE_BYTES, 0), slot)
-            except OSError as exc:
-                from .reading import SiblingReading
-
-                self._give_up(key, exc)
-                found = SiblingReading()
+            self._last = self._reserve_and_read(key, more, held, cap, credit)
+            found = self._last
         if self.on_step is not None:
             self.on_step("read")
         return found
+
+    def _reserve_and_read(self, key: str, more: int, held: int, cap: int | None, credit: int) -> SiblingReading:
+        at, mine = self._flat(key), self._mine
+        rss = None if at is None else self._rss(self._pid, mine.start)
+        if at is None or rss is None:  # the first placement, a check due, another group, a fork, no statm
+            self.reserve(key, more, held, credit)
+            return self._reading(key, False, cap)
+        fd, slot = at
+        try:
+            self._put(at, outstanding(self._real(), mine.rss, rss) + more, held, rss, credit)
+            self._size = credit
+            if self.on_step is not None:
+                self.on_step("published")
+            return self._upper_bound(key, cap, fd, os.pread(fd, FILE_BYTES, 0), slot)
+        except OSError as exc:
+            from .reading import SiblingReading
+
+            self._give_up(key, exc)
+            return SiblingReading()
+
+    def draw(self, key: str, more: int) -> SiblingReading | None:
+        """Take ``more`` bytes of this process's credit in ``key``'s ledger, without a system call, and the siblings
+        as the full step that published the credit read them; None where the credit is short, or where the full
+        step is due (``_flat``: a check of the file, a fork, another group): then the placement takes it."""
+        with self._lock:
+            if more > self._credit or self._last is None or self._flat(key) is None:
+                return None
+            self._credit -= more
+            self._held += more  # told ahead, as a full step publishes it: the array's arrival asks nothing more
+            return self._last
+
+    @property
+    def last(self) -> SiblingReading | None:
+        """The siblings as the last full step of a placement read them (None before one)."""
+        return self._last
+
+    def revoke(self) -> None:
+        """Draw no more on the credit (memory is tight): what is left of it stays published until the next
+        publish, counted as ``_unsaid``."""
+        with self._lock:
+            self._unsaid += self._credit
+            self._credit = self._size = 0  # and the next free publishes what it leaves
+
+    def _real(self) -> int:
+        """Our published reservation less the credit not drawn and the frees not published: what it would be
+        without the credit."""
+        return max(0, self._mine.reserved - self._credit - self._unsaid)
 
     def _flat(self, key: str) -> tuple[int, int] | None:
         """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: ``_held_slot``'s,
@@ -446,25 +528,33 @@ class Siblings:
             return None
         return known[0], slot
 
-    def _put(self, at: tuple[int, int], reserved: int, held: int, rss: int) -> None:
-        """Our record, with ``reserved``, ``held`` and ``rss``, straight to our slot (``_flat``'s)."""
+    def _put(self, at: tuple[int, int], reserved: int, held: int, rss: int, credit: int) -> None:
+        """Our record, with ``reserved`` plus ``credit``, ``held`` and ``rss``, straight to our slot (``_flat``'s)."""
         mine = self._mine
-        self._mine = Record(mine.pid, mine.start, reserved, held, rss)
+        self._mine = Record(mine.pid, mine.start, reserved + credit, held, rss)
+        self._credit, self._unsaid, self._held = credit, 0, held
         os.pwrite(at[0], pack_record(self._mine), at[1] * SLOT_BYTES)
 
     def settle(self, key: str, held: int, less: int = 0) -> None:
         """Publish ``held``, with the reservation less ``less`` and never more than ``held`` (unwritten pages
         are pages held). Kept against the RSS it was published with, which readers still take away: no RSS
-        reading, and still never less than what is unwritten."""
+        reading, and still never less than what is unwritten. While a credit was taken and what this takes off
+        stays within its size, nothing is written (``_unsaid``: the module's Credit)."""
         with self._lock:
             try:
                 self._check_fork()  # first: a forked child's record is not its parent's (so no _flat)
                 mine, at = self._mine, self._held_slot(key)
-                reserved = min(held, max(0, mine.reserved - less))
-                if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
-                    self._put(at, reserved, held, mine.rss)
+                real = self._real()
+                reserved = min(held, max(0, real - less))
+                if at is not None and self._size and self._unsaid + real - reserved <= self._size:
+                    self._unsaid += real - reserved  # within the credit's size: published later (see Credit)
+                    self._held = held
                     return
-                self._publish(key, reserved, held, mine.rss if mine.reserved else None)
+                credit = self._credit if key == self._key else 0
+                if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
+                    self._put(at, reserved, held, mine.rss, credit)
+                    return
+                self._publish(key, reserved, held, mine.rss if mine.reserved else None, credit)
             except OSError as exc:
                 self._give_up(key, exc)
 
@@ -476,6 +566,11 @@ class Siblings:
 
     def own(self) -> Record:
         return self._mine
+
+    def told(self) -> int:
+        """The RAM arrays' bytes last told to ``settle`` or a publish (the record's ``held`` may be older: a
+        credit's placements and frees are not published one by one)."""
+        return self._held
 
     def _claimed(self, key: str, fd: int) -> bool:
         """Hold a slot: a free one, or one whose owner died (the kernel dropped its lock)."""
