@@ -15,7 +15,7 @@ import pytest
 import apsi_memory as memory
 import sim.tree
 from apsi_memory import Machine
-from apsi_memory.machinery import reservations
+from apsi_memory.machinery import ledger_file
 from apsi_memory.machinery.reservations import Siblings
 from sim.clock import FakeClock
 
@@ -28,7 +28,7 @@ FAKE = 4_195_000  # a pid above any pid_max: no /proc/<pid> of another process i
 @pytest.fixture
 def two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Machine, Siblings]]:
     """Our machine, and the sibling's entry in the same ledger folder."""
-    monkeypatch.setattr(reservations, "CHECK_EVERY", 3600.0)  # no check of the file falls due, however slow the test
+    monkeypatch.setattr(ledger_file, "CHECK_EVERY", 3600.0)  # no check of the file falls due, however slow the test
     tree = sim.tree.docker_v1(tmp_path / "root", limit=4 * GiB, usage=1 * GiB)
     folder = [str(tmp_path / "ledger")]
     ours = Machine(root=str(tree.root), clock=FakeClock(), siblings=Siblings(folder))
@@ -157,7 +157,7 @@ def test_a_full_step_before_the_credit_is_spent_takes_a_fresh_one_instead_of_add
     """With a check of the file due at every placement, each takes the full step with the credit unspent: the
     sibling counts the arrays held and one credit, not one credit per step."""
     ours, other = two
-    monkeypatch.setattr(reservations, "CHECK_EVERY", 0.0)
+    monkeypatch.setattr(ledger_file, "CHECK_EVERY", 0.0)
     seen = steps(ours)
     kept = [place(ours) for _ in range(5)]
     assert seen.count("published") == 5

@@ -21,8 +21,9 @@ import pytest
 import apsi_memory as memory
 import sim.tree
 from apsi_memory import Machine
-from apsi_memory.machinery import reservations, slots
-from apsi_memory.machinery.reservations import FILE_BYTES, SLOT_BYTES, SLOTS, Record, Siblings, pack_record
+from apsi_memory.machinery import ledger_file, reservations, slots
+from apsi_memory.machinery.reservations import FILE_BYTES, SLOT_BYTES, Record, Siblings, pack_record
+from apsi_memory.machinery.slots import SLOTS
 from apsi_memory.system.once import ForkMark
 from sim.clock import FakeClock
 
@@ -92,7 +93,9 @@ def test_a_ledger_error_places_as_with_no_siblings_after_one_warning(tmp_path, m
     ours.siblings.close()  # type: ignore[union-attr]
     if call == "ftruncate":  # a file too small, that cannot be made whole (EFBIG: past RLIMIT_FSIZE)
         os.truncate(tmp_path / "ledger" / other.siblings.key, 100)  # type: ignore[arg-type,union-attr,operator]
-    monkeypatch.setattr(reservations, module, Faulty(getattr(reservations, module), call, getattr(errno, code)))
+    for part in (reservations, ledger_file):  # the ledger's system calls, in both modules
+        if hasattr(part, module):
+            monkeypatch.setattr(part, module, Faulty(getattr(part, module), call, getattr(errno, code)))
     caplog.set_level(logging.INFO, "apsi_memory.siblings")
     first = place(ours)  # before: a raw OSError out of memory.array (an INFO line at open)
     with ours.use():
@@ -112,7 +115,7 @@ def test_a_process_whose_ledger_file_was_replaced_publishes_to_the_new_one(tmp_p
     assert observer.read(KEY).reserved_bytes == GiB
     os.unlink(tmp_path / KEY)  # removed (or replaced: the next opener makes a new one) under the running process
     assert observer.read(KEY).reserved_bytes == 0  # the observer, which holds no slot, opened the new file
-    time.sleep(reservations.CHECK_EVERY + 0.05)  # a process holding a slot asks that often
+    time.sleep(ledger_file.CHECK_EVERY + 0.05)  # a process holding a slot asks that often
     old.publish(KEY, 2 * GiB, 2 * GiB)  # before: to the old inode, which nobody reads any more
     after = observer.read(KEY)
     print(f"\nafter the file was replaced: the observer sees {after.processes} process, {after.reserved_bytes} B")
@@ -257,7 +260,7 @@ def flat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Machine, Mach
     """Two processes, ours (this process's pid) having placed and freed once: its slot is held and its file known,
     it saw no sibling, it reserves nothing any more, and its next placement takes the flat path of
     ``reserve_and_read`` (made sure of: the step-by-step path fails)."""
-    monkeypatch.setattr(reservations, "CHECK_EVERY", 3600.0)  # no check of the file falls due, however slow the test
+    monkeypatch.setattr(ledger_file, "CHECK_EVERY", 3600.0)  # no check of the file falls due, however slow the test
     ours, other = machines(tmp_path, first_pid=None)
     with ours.use():
         memory.free(memory.array(ARRAY, "uint8"))

@@ -74,45 +74,34 @@ pages have already lowered, so it errs on the side of too little room.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..logs import logger
-from ..system import paths, trust
+from ..system import paths
 from ..system.once import ForkMark
-from .ledger_folders import LOG, candidate_dirs, open_folder
-from .ledger_life import close_in_children, instances, leave_at_exit
+from .ledger_file import LedgerFile
+from .ledger_life import instances
 from .reader import MemoryReading
 from .slots import (
     FILE_BYTES,
-    FREE,
     MAGIC,  # noqa: F401  (re-exported, as parse_record: the ledger's names before ``slots`` was split off)
     SLOT_BYTES,
-    SLOTS,
     Parsed,
     Record,
     Statm,
     clear,
-    lock,
-    names,
     outstanding,
     pack_record,
     parse_record,  # noqa: F401
-    remove_if_unused,
     start_ticks,
-    unlock,
 )
 from .slots import held as slot_held
 
 if TYPE_CHECKING:  # imported where the siblings are read: a dataclass, slow to define, that a store never needs
     from .reading import SiblingReading
-
-CHECK_EVERY = 1.0  # seconds: how often a process holding a slot asks whether its file was removed or replaced
 
 _USED = re.compile(rb"[^\x00]")  # a used slot has a byte that is not zero
 
@@ -140,7 +129,7 @@ def shared() -> Siblings:
 
 # -- the ledger ----------------------------------------------------------------------------------------------------
 
-class Siblings:
+class Siblings(LedgerFile):
     """This process's view of, and entry in, the reservation ledger of its memory group (see the module
     docstring). ``directories``: where to look for a safe folder (default ``candidate_dirs()``). A process has
     one (``shared()``); tests make several, each standing for a process: ``pid`` (and ``start``, else 0: then the
@@ -153,7 +142,7 @@ class Siblings:
     def __init__(self, directories: list[str] | None = None, pid: int | None = None,
                  anon_rss: Callable[[int], int | None] | None = None, start: int | None = None,
                  root: str = "/") -> None:
-        self._directories = directories
+        super().__init__(directories)
         self._given = (pid, start if start is not None else (0 if pid else None), anon_rss)
         self._root = root
         self.on_step: Callable[[str], None] | None = None
@@ -165,13 +154,7 @@ class Siblings:
         self._mark = ForkMark()  # a forked child has no slot and no record of its own: it starts afresh
         pid, self._start, rss = self._given
         self._pid = pid or os.getpid()
-        self._folder: tuple[int, str] | None | bool = False  # False: not looked for yet; None: no safe folder
-        self._files: dict[str, tuple[int, tuple[int, int]]] = {}  # key -> descriptor, (device, inode) opened
-        self._off: set[str] = set()  # files given up on, each after one WARNING: as with no ledger
-        self._said: set[object] = set()  # what was warned about already: once each
-        self._slot: int | None = None
-        self._key: str | None = None
-        self._check_at = 0.0  # when to ask again whether our slot's file is still the one named
+        self._reset_file()
         self._mine = Record(self._pid, 0, 0, 0, 0)
         self._credit = 0  # of the published reservation, bytes not placed yet that a placement may draw (see Credit)
         self._size = 0  # the credit taken at the last full step (0: none)
@@ -208,97 +191,6 @@ class Siblings:
                 for key in list(self._files):
                     self._drop(key, remove=True)
             self._forget()
-
-    def _give_up(self, key: str, exc: OSError) -> None:
-        """Any ledger problem (a full disk, EACCES, EROFS, EIO, a file that cannot be made whole): one WARNING
-        naming the file and the errno, then this process goes on without that file, as with no siblings."""
-        if key == self._key:
-            with contextlib.suppress(OSError):
-                self._leave()  # so that no reader counts a record this process can no longer keep right
-        if key not in self._off:
-            code = errno.errorcode.get(exc.errno or 0, "no errno")
-            logger(LOG).warning("reservation ledger %s: %s (%s); this process goes on without it, as with no siblings",
-                                self.path(key) or key, code, exc.strerror or exc)
-        self._off.add(key)
-        self._drop(key)
-
-    def _say(self, what: object, message: str, *args: object) -> None:
-        if what not in self._said:
-            self._said = self._said if len(self._said) < 4 * SLOTS else set()
-            self._said.add(what)
-            logger(LOG).warning(message, *args)
-
-    # -- the file ------------------------------------------------------------------------------------------------
-
-    def _file(self, key: str) -> int | None:
-        held = self._held_slot(key)
-        if held is not None:
-            return held[0]  # our slot's file, not due for a check: every placement comes here
-        known = self._files.get(key)
-        if key in self._off:
-            return None
-        if self._folder is False:
-            close_in_children()  # registered on first use, never at import
-            leave_at_exit()
-            self._folder = open_folder(self._directories or candidate_dirs())
-        if not isinstance(self._folder, tuple):
-            return None
-        if known is not None and self._still(key, known[1]):
-            return known[0]
-        if known is not None:  # removed by its last user, or replaced: this process's record goes to the new one
-            logger(LOG).info("reservation ledger %s was removed or replaced: reopened", self.path(key))
-            self._drop(key)
-        fd = self._open(key, self._folder)
-        if known is not None and key == self._key and (self._mine.reserved or self._mine.held):
-            self._write(key, fd)
-        return fd
-
-    def _open(self, key: str, folder: tuple[int, str]) -> int:
-        fd = trust.open_file(key, os.O_RDWR | os.O_CREAT, dir_fd=folder[0], shown=os.path.join(folder[1], key))
-        try:
-            found = os.fstat(fd)
-            if found.st_size < FILE_BYTES:
-                os.ftruncate(fd, FILE_BYTES)  # racing creators truncate to the same size: nothing is lost
-        except OSError:
-            os.close(fd)
-            raise
-        self._files[key] = (fd, (found.st_dev, found.st_ino))
-        self._check_at = time.monotonic() + CHECK_EVERY
-        return fd
-
-    def _still(self, key: str, opened: tuple[int, int]) -> bool:
-        """Whether ``key`` still names the file opened: asked at once where this process holds no slot in it, else
-        at most every ``CHECK_EVERY`` seconds (``_file``; only someone else removes a file in which a live slot
-        remains)."""
-        self._check_at = time.monotonic() + CHECK_EVERY
-        return self._current(key, opened)
-
-    def _current(self, key: str, opened: tuple[int, int]) -> bool:
-        """Whether ``key`` still names the file opened (one ``fstatat``)."""
-        assert isinstance(self._folder, tuple)
-        return names(self._folder[0], key, opened)
-
-    def _drop(self, key: str, remove: bool = False) -> None:
-        """Close ``key``'s file (its slot's lock goes with it); ``remove``: first remove it if it is the last."""
-        known = self._files.pop(key, None)
-        if key == self._key:
-            self._slot = None
-        if known is None:
-            return
-        if remove and isinstance(self._folder, tuple):
-            with contextlib.suppress(OSError):
-                remove_if_unused(self._folder[0], key, *known)
-        with contextlib.suppress(OSError):
-            os.close(known[0])
-
-    @property
-    def key(self) -> str | None:
-        """The group this process last published to (None before it did)."""
-        return self._key
-
-    def path(self, key: str) -> str | None:
-        folder = self._folder
-        return os.path.join(folder[1], key) if isinstance(folder, tuple) else None
 
     # -- reading -------------------------------------------------------------------------------------------------
 
@@ -425,23 +317,6 @@ class Siblings:
         self._credit, self._unsaid, self._held = credit, 0, held
         self._write(key, self._file(key))
 
-    def _write(self, key: str, fd: int | None) -> None:
-        """Write our record in our slot, claiming one first; a file removed between opening and claiming (its
-        last user left) is opened anew, once."""
-        if fd is not None and self._slot is not None:  # our slot, claimed: every publish but the first
-            os.pwrite(fd, pack_record(self._mine), self._slot * SLOT_BYTES)
-            return
-        for _ in range(2):
-            claiming = self._slot is None
-            if fd is None or not self._claimed(key, fd):
-                return
-            assert self._slot is not None
-            if not claiming or self._current(key, self._files[key][1]):
-                os.pwrite(fd, pack_record(self._mine), self._slot * SLOT_BYTES)
-                return
-            self._drop(key)
-            fd = self._open(key, self._folder) if isinstance(self._folder, tuple) else None
-
     def reserve(self, key: str, more: int, held: int, credit: int = 0) -> None:
         """Publish ``more`` bytes reserved on top of what is still outstanding, and ``held``; one RSS reading.
         ``credit``: bytes reserved on top for later placements to draw (``draw``)."""
@@ -521,13 +396,6 @@ class Siblings:
         and this is the process that opened it (``ForkMark``: no system call) (else None: step by step)."""
         return self._held_slot(key) if self._mark.same() else None
 
-    def _held_slot(self, key: str) -> tuple[int, int] | None:
-        """The file and slot this process holds in ``key``'s ledger while the file is not due for its check."""
-        known, slot = self._files.get(key), self._slot
-        if known is None or slot is None or key != self._key or time.monotonic() >= self._check_at:
-            return None
-        return known[0], slot
-
     def _put(self, at: tuple[int, int], reserved: int, held: int, rss: int, credit: int) -> None:
         """Our record, with ``reserved`` plus ``credit``, ``held`` and ``rss``, straight to our slot (``_flat``'s)."""
         mine = self._mine
@@ -571,24 +439,3 @@ class Siblings:
         """The RAM arrays' bytes last told to ``settle`` or a publish (the record's ``held`` may be older: a
         credit's placements and frees are not published one by one)."""
         return self._held
-
-    def _claimed(self, key: str, fd: int) -> bool:
-        """Hold a slot: a free one, or one whose owner died (the kernel dropped its lock)."""
-        if self._slot is not None:
-            return True
-        self._slot = next((slot for slot in range(SLOTS) if lock(fd, slot)), None)
-        if self._slot is not None:
-            return True
-        self._say(("full", key), "reservation ledger %s: all %d slots are taken; this process reads its siblings "
-                  "but does not publish, so they do not see its arrays", self.path(key), SLOTS)
-        return False
-
-    def _leave(self) -> None:
-        """Give up the slot in the previous group's ledger (the process moved, or its limit came or went)."""
-        if self._key is None or self._slot is None:
-            return
-        known = self._files.get(self._key)
-        slot, self._slot = self._slot, None
-        if known is not None:
-            os.pwrite(known[0], FREE, slot * SLOT_BYTES)
-            unlock(known[0], slot)

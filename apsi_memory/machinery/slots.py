@@ -10,7 +10,7 @@ fork hook; without one, as after a libc ``fork``, at its first use: ``ForkMark``
 never writes the parent's slot. With every slot taken, a process reads its siblings but does not publish (one
 WARNING). The last user of a file removes it when it leaves (``close``, at exit): under a lock of every slot, and
 only a file the library made. A process whose file was removed or replaced under it opens the new one and
-publishes there (within ``reservations.CHECK_EVERY`` where it holds a slot; at once where it does not).
+publishes there (within ``ledger_file.CHECK_EVERY`` where it holds a slot; at once where it does not).
 """
 
 from __future__ import annotations
