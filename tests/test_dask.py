@@ -410,6 +410,45 @@ def test_a_nanny_takes_a_smaller_limit_only_once_its_worker_fits_under_it(rss: i
     assert now >= current or rss <= decide.DASK_TERMINATE_FRACTION * now  # lowering it kills no worker
     assert now == wanted or rss > decide.DASK_SPILL_FRACTION * wanted  # and it gets there once the worker fits
 
+@given(rss=st.integers(0, GiB), limit=st.integers(64 * MiB, GiB), free=st.integers(0, 2 * GiB),
+       usable=st.integers(GiB, 2 * GiB))
+def test_a_nanny_kills_its_worker_over_its_share_only_when_the_group_is_nearly_full(rss: int, limit: int, free: int,
+                                                                                 usable: int) -> None:
+    """Issue 30's matrix: in a 1 GiB group a rechunk of 128 MiB chunks (made before cluster()) needs more than a
+    384 MiB worker's share for one task; the nanny killed it at 95 % of the share 7 times (KilledWorker) while the
+    group had room, where stock dask, killed by nothing, finished."""
+    terminate = decide.DASK_TERMINATE_FRACTION
+    kills = decide.nanny_kills(rss, limit, terminate, free, usable)
+    over, full = rss > terminate * limit, free < (1 - terminate) * usable
+    assert kills == (over and full)
+
+
+def _hold_on_worker(nbytes: int) -> int:
+    import numpy as np
+
+    global _held_here
+    _held_here = np.ones(nbytes // 8)  # touched: RSS
+    return os.getpid()
+
+
+def test_a_worker_over_its_share_runs_on_while_the_group_has_room(sim_machine: Callable[..., Any],
+                                                                   tmp_path: Path) -> None:
+    """The nanny killed a worker at 95 % of its share whatever the group held (dask's rule): now only once the group
+    is nearly full too (``decide.nanny_kills``), which is when the kernel would kill something."""
+    tree = sim_machine(machines.docker_v1, limit=1 * GiB, usage=300 * MiB)  # the nannies read it here
+    with amd.cluster(n_workers=1, processes=True, memory_limit=160 * MiB, dashboard_address=":0",
+                     local_directory=str(tmp_path)) as c, c.get_client() as cl:
+        pid = next(iter(cl.run(_hold_on_worker, 200 * MiB).values()))  # over 95 % of 160 MiB
+        time.sleep(stretched(2))  # 20 of the nanny's checks
+        assert not cl.get_events("worker-restart-memory")
+        assert list(cl.run(os.getpid).values()) == [pid]
+        tree.v1_group("/sys/fs/cgroup/memory", 1 * GiB, usage=GiB - 8 * MiB)  # the group nearly full: now it must go
+        deadline = time.monotonic() + stretched(30)
+        while not cl.get_events("worker-restart-memory") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cl.get_events("worker-restart-memory")
+
+
 def test_scale_by_cores_shares_the_memory_too() -> None:
     with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl:
         c.scale(cores=3)
