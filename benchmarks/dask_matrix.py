@@ -197,19 +197,19 @@ def _text(data: bytes | str | None) -> str:
 
 
 def cells(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The runs, in order: one pass of the apsi × default cells first (issue 30 saw those fail), then the rest;
-    each cell ``--repeats`` times (stock ones ``--stock-repeats``)."""
+    """The runs, in order: each cell's variants side by side, ``--repeats`` times (stock ones ``--stock-repeats``);
+    with ``--apsi-default-first``, one pass of the apsi × default cells first (issue 30 saw those fail)."""
     runs = []
     for repeat in range(max(args.repeats, args.stock_repeats)):
         for chunks in args.chunks:
-            for variant in args.variants:
-                if repeat >= (args.stock_repeats if variant == "stock" else args.repeats):
-                    continue
-                for group in args.group_mib:
-                    for workload in args.workloads:
-                        runs.append({"variant": variant, "workload": workload, "chunks": chunks, "group_mib": group,
-                                     "repeat": repeat})
-    first = [r for r in runs if r["repeat"] == 0 and r["variant"] == "apsi" and r["chunks"] == "default"]
+            for group in args.group_mib:
+                for workload in args.workloads:
+                    for variant in args.variants:
+                        if repeat < (args.stock_repeats if variant == "stock" else args.repeats):
+                            runs.append({"variant": variant, "workload": workload, "chunks": chunks,
+                                         "group_mib": group, "repeat": repeat})
+    first = [r for r in runs if args.apsi_default_first and r["repeat"] == 0 and r["variant"] == "apsi"
+             and r["chunks"] == "default"]
     ordered = first + [r for r in runs if r not in first]
     return [{**r, "run": i} for i, r in enumerate(ordered)]
 
@@ -259,6 +259,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["apsi", "stock"], choices=("stock", "apsi"))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--stock-repeats", type=int, default=2)
+    parser.add_argument("--apsi-default-first", action="store_true")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds each run may take")
     parser.add_argument("--out", type=Path, default=OUT_DIR / "matrix.jsonl")
     parser.add_argument("--summary", type=Path, help="print the table of a JSON lines file and exit")
