@@ -97,12 +97,13 @@ def _save_block(block: Any, where: str, block_info: Any = None) -> Any:
     return np.array([block.nbytes])
 
 
-def make_cluster(variant: str, work: Workload, group_bytes: int) -> Any:
+def make_cluster(variant: str, work: Workload, group_bytes: int, run_dir: Path) -> Any:
     from distributed import LocalCluster
 
     from apsi_memory.dask import cluster
 
-    kw: dict[str, Any] = {"n_workers": work.workers, "threads_per_worker": work.threads, "dashboard_address": ":0"}
+    kw: dict[str, Any] = {"n_workers": work.workers, "threads_per_worker": work.threads, "dashboard_address": ":0",
+                          "local_directory": str(run_dir)}  # spill and p2p files: removed with the run
     if work.big_limit:
         kw["memory_limit"] = group_bytes
     return cluster(**kw) if variant == "apsi" else LocalCluster(**kw)
@@ -140,7 +141,7 @@ def run_cell(variant: str, name: str, chunks: str, group_bytes: int, limit_s: fl
     try:
         made_before = build(work, total, DEFAULT_CHUNK, store_dir) if chunks == "default" else None
         with dask.config.set({"distributed.scheduler.allowed-failures": 3}):
-            made = make_cluster(variant, work, group_bytes)
+            made = make_cluster(variant, work, group_bytes, store_dir)
         with made, made.get_client() as client:
             workers = client.scheduler_info()["workers"]
             limit = min(w["memory_limit"] for w in workers.values())
@@ -186,7 +187,7 @@ def in_group(cell: dict[str, Any], limit_s: float, log_dir: Path) -> dict[str, A
         if len(lines) < 2:  # the client itself was killed, or failed
             result["client_exit"], result["wall_s"] = code, round(time.monotonic() - started, 1)
         result["oom_kills"] = oom_kills(group)
-        (log_dir / f"{cell['run']}.log").write_text(err[-20000:])
+        (log_dir / f"{cell['run']}.log").write_text(err if len(err) < 60000 else f"{err[:20000]}\n...\n{err[-40000:]}")
         return result
     finally:
         remove_group(group)
