@@ -263,14 +263,15 @@ def main() -> None:
     parser.add_argument("--apsi-default-first", action="store_true")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds each run may take")
     parser.add_argument("--out", type=Path, default=OUT_DIR / "matrix.jsonl")
-    parser.add_argument("--summary", type=Path, help="print the table of a JSON lines file and exit")
+    parser.add_argument("--summary", type=Path, nargs="+", help="print the table of JSON lines files and exit")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_cell(args.child, args.workloads[0], args.chunks[0], args.group_mib[0] << 20,
                                   args.limit)), flush=True)
         return
     if args.summary:
-        print(summary([json.loads(line) for line in args.summary.read_text().splitlines() if line.strip()]))
+        print(summary([json.loads(line) for path in args.summary for line in path.read_text().splitlines()
+                       if line.strip()]))
         return
     if any(g > 2048 for g in args.group_mib):
         raise SystemExit("--group-mib: at most 2048 here")
