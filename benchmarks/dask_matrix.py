@@ -235,6 +235,31 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def side_by_side(rows: list[dict[str, Any]]) -> str:
+    """One line per cell, stock and ``cluster()`` side by side: finished n/m, OOM kills, restarts, walls."""
+    by_cell: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        by_cell[(row["group_mib"], row["chunks"], row["workload"])][row["variant"]].append(row)
+    lines = ["| group | chunks | workload | stock | cluster() |", "|---|---|---|---|---|"]
+    for (group, chunks, workload), variants in sorted(by_cell.items()):
+        lines.append(f"| {group >> 10} GiB | {chunks} | {workload} | {_brief(variants.get('stock', []))} | "
+                     f"{_brief(variants.get('apsi', []))} |")
+    return "\n".join(lines)
+
+
+def _brief(runs: list[dict[str, Any]]) -> str:
+    """``2/2, 0 OOM, 0 restarts, 3.1-4.0 s`` (and how the others ended, and a stranger the kernel killed)."""
+    if not runs:
+        return "-"
+    walls = sorted(r["wall_s"] for r in runs if "wall_s" in r)
+    text = (f"{sum(r['finished'] for r in runs)}/{len(runs)}, {sum(r['oom_kills'] for r in runs)} OOM, "
+            f"{sum(r.get('restarts', 0) for r in runs)} restarts, "
+            f"{walls[0] if walls[0] == walls[-1] else f'{walls[0]}-{walls[-1]}'} s")
+    killed = sum(r.get("holder_alive") is False for r in runs)
+    ends = _ends(runs)
+    return text + (f", {killed} stranger killed" if killed else "") + ("" if ends == "-" else f" ({ends})")
+
+
 def _mib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f} MiB"
 
@@ -264,14 +289,15 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=120.0, help="seconds each run may take")
     parser.add_argument("--out", type=Path, default=OUT_DIR / "matrix.jsonl")
     parser.add_argument("--summary", type=Path, nargs="+", help="print the table of JSON lines files and exit")
+    parser.add_argument("--side-by-side", action="store_true", help="--summary: one line a cell, stock beside apsi")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_cell(args.child, args.workloads[0], args.chunks[0], args.group_mib[0] << 20,
                                   args.limit)), flush=True)
         return
     if args.summary:
-        print(summary([json.loads(line) for path in args.summary for line in path.read_text().splitlines()
-                       if line.strip()]))
+        rows = [json.loads(line) for path in args.summary for line in path.read_text().splitlines() if line.strip()]
+        print(side_by_side(rows) if args.side_by_side else summary(rows))
         return
     if any(g > 2048 for g in args.group_mib):
         raise SystemExit("--group-mib: at most 2048 here")
