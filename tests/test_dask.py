@@ -423,6 +423,44 @@ def test_a_nanny_kills_its_worker_over_its_share_only_when_the_group_is_nearly_f
     assert kills == (over and full)
 
 
+class _Manager:
+    """A nanny's memory manager whose kill is recorded, not done."""
+
+    memory_terminate_fraction = decide.DASK_TERMINATE_FRACTION
+
+    def __init__(self) -> None:
+        self.memory_limit, self.killed = MiB, False  # any test process is over 95 % of 1 MiB
+
+    def memory_monitor(self, nanny: Any) -> None:
+        self.killed = True
+
+
+def test_of_nannies_over_their_line_in_a_full_group_one_kills_till_its_worker_is_gone(
+        sim_machine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four workers of 128 MiB chunks in 1 GiB: three nannies killed their workers in the same 100 ms, where one
+    worker's memory was enough; the others' readings still counted the dying worker's memory."""
+    from types import SimpleNamespace
+
+    from apsi_memory.dask import nanny as nannies
+
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=GiB - 8 * MiB, inactive_file=0)  # the group nearly full
+    monkeypatch.setattr(nannies, "_dying", set())  # the second "worker" is this process: it never goes
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE)
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline()  # running: its RSS is the interpreter's
+        first, second = (SimpleNamespace(memory_manager=_Manager(), process=SimpleNamespace(process=process))
+                         for process in (sleeper, SimpleNamespace(pid=os.getpid())))
+        nannies.group_check(first)
+        nannies.group_check(second)
+        assert (first.memory_manager.killed, second.memory_manager.killed) == (True, False)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    nannies.group_check(second)  # the first's worker has gone: its memory is out of the reading
+    assert second.memory_manager.killed
+
+
 def _hold_on_worker(nbytes: int) -> int:
     import numpy as np
 

@@ -14,6 +14,10 @@ from ..decide import nanny_kills
 from ..machinery.machines import machine
 
 MONITOR = "memory_monitor"  # dask's name for the nanny's periodic check
+# The workers this process's nannies killed for a full group, until they have gone: the group's reading still
+# counts their memory, and the other nannies killed theirs too (three of four workers in the same 100 ms, where
+# one worker's memory was enough).
+_dying: set[int] = set()
 
 
 class GroupNanny(Nanny):
@@ -39,16 +43,31 @@ def kill_when_group_full(nanny: Any) -> None:
 
 
 def group_check(nanny: Any) -> None:
-    """dask's check, which kills its worker over the terminate line, run only where ``decide.nanny_kills`` says so;
-    the group is read only when the worker is over that line."""
+    """dask's check, which kills its worker over the terminate line, run only where ``decide.nanny_kills`` says so
+    and no worker another nanny here killed is still going; the group is read only when the worker is over that
+    line."""
     manager = nanny.memory_manager
     terminate = manager.memory_terminate_fraction
     rss = worker_rss(nanny)
     if not manager.memory_limit or terminate is False or rss <= terminate * manager.memory_limit:
         return
+    pid = int(nanny.process.process.pid)  # worker_rss found it
+    _dying.intersection_update(p for p in _dying if _alive(p))
+    if _dying - {pid}:
+        return
     limits = machine().limits()
     if nanny_kills(rss, manager.memory_limit, terminate, limits.free_bytes, limits.usable_bytes):
-        manager.memory_monitor(nanny)
+        manager.memory_monitor(nanny)  # a second call for a worker still there sends SIGKILL: dask's own way
+        _dying.add(pid)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def worker_rss(nanny: Any) -> int:
