@@ -154,7 +154,8 @@ def run_cell(variant: str, name: str, chunks: str, group_bytes: int, limit_s: fl
             seen = watched.pop("seen") | set(workers)
             expected = max(work.workers, work.scale_to)
             alive = None if holder is None else holder.poll() is None  # the stranger held its memory to the end
-            return {"worker_limit_bytes": limit, "chunk_bytes": chunk, "restarts": len(seen) - expected,
+            restarts = max(0, len(seen) - expected)  # a run over before scale's workers came sees fewer
+            return {"worker_limit_bytes": limit, "chunk_bytes": chunk, "restarts": restarts,
                     "holder_alive": alive, **watched}
     finally:
         if holder is not None:
@@ -253,7 +254,7 @@ def _brief(runs: list[dict[str, Any]]) -> str:
         return "-"
     walls = sorted(r["wall_s"] for r in runs if "wall_s" in r)
     text = (f"{sum(r['finished'] for r in runs)}/{len(runs)}, {sum(r['oom_kills'] for r in runs)} OOM, "
-            f"{sum(r.get('restarts', 0) for r in runs)} restarts, "
+            f"{sum(max(0, r.get('restarts', 0)) for r in runs)} restarts, "
             f"{walls[0] if walls[0] == walls[-1] else f'{walls[0]}-{walls[-1]}'} s")
     killed = sum(r.get("holder_alive") is False for r in runs)
     ends = _ends(runs)
