@@ -281,10 +281,15 @@ def test_preload_nanny_sets_the_limit_before_the_workers_register() -> None:
     """``dask worker --preload-nanny apsi_memory.dask``, here through LocalCluster's own preload_nanny option."""
     from distributed import LocalCluster
 
+    from apsi_memory.dask.nanny import group_check
+
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
                       preload_nanny=["apsi_memory.dask"]) as stock, stock.get_client() as c:
         assert registered_limits(c) == [amd.worker_memory_limit(2)] * 2  # stock: half of the host each
         assert sum(len(p) for p in c.run(lambda dask_worker: list(dask_worker.plugins)).values()) >= 2
+        monitors = [nanny.periodic_callbacks["memory_monitor"] for nanny in stock.workers.values()]
+        # the nannies kill only for a full group, as cluster()'s do, and their check runs
+        assert [(m.callback.func, m.is_running()) for m in monitors] == [(group_check, True)] * 2
 
 
 def _settings_on(dask_worker: Any) -> dict[str, Any]:
