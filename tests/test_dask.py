@@ -282,10 +282,15 @@ def test_preload_nanny_sets_the_limit_before_the_workers_register() -> None:
     """``dask worker --preload-nanny apsi_memory.dask``, here through LocalCluster's own preload_nanny option."""
     from distributed import LocalCluster
 
+    from apsi_memory.dask.nanny import group_check
+
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
                       preload_nanny=["apsi_memory.dask"]) as stock, stock.get_client() as c:
         assert registered_limits(c) == [amd.worker_memory_limit(2)] * 2  # stock: half of the host each
         assert sum(len(p) for p in c.run(lambda dask_worker: list(dask_worker.plugins)).values()) >= 2
+        monitors = [nanny.periodic_callbacks["memory_monitor"] for nanny in stock.workers.values()]
+        # the nannies kill only for a full group, as cluster()'s do, and their check runs
+        assert [(m.callback.func, m.is_running()) for m in monitors] == [(group_check, True)] * 2
 
 
 def _settings_on(dask_worker: Any) -> dict[str, Any]:
@@ -440,6 +445,83 @@ def test_a_nanny_takes_a_smaller_limit_only_once_its_worker_fits_under_it(rss: i
     assert now in (current, wanted)
     assert now >= current or rss <= decide.DASK_TERMINATE_FRACTION * now  # lowering it kills no worker
     assert now == wanted or rss > decide.DASK_SPILL_FRACTION * wanted  # and it gets there once the worker fits
+
+@given(rss=st.integers(0, GiB), limit=st.integers(64 * MiB, GiB), free=st.integers(0, 2 * GiB),
+       usable=st.integers(GiB, 2 * GiB))
+def test_a_nanny_kills_its_worker_over_its_share_only_when_the_group_is_nearly_full(rss: int, limit: int, free: int,
+                                                                                 usable: int) -> None:
+    """Issue 30's matrix: in a 1 GiB group a rechunk of 128 MiB chunks (made before cluster()) needs more than a
+    384 MiB worker's share for one task; the nanny killed it at 95 % of the share 7 times (KilledWorker) while the
+    group had room, where stock dask, killed by nothing, finished."""
+    terminate = decide.DASK_TERMINATE_FRACTION
+    kills = decide.nanny_kills(rss, limit, terminate, free, usable)
+    over, full = rss > terminate * limit, free < (1 - terminate) * usable
+    assert kills == (over and full)
+
+
+class _Manager:
+    """A nanny's memory manager whose kill is recorded, not done."""
+
+    memory_terminate_fraction = decide.DASK_TERMINATE_FRACTION
+
+    def __init__(self) -> None:
+        self.memory_limit, self.killed = MiB, False  # any test process is over 95 % of 1 MiB
+
+    def memory_monitor(self, nanny: Any) -> None:
+        self.killed = True
+
+
+def test_of_nannies_over_their_line_in_a_full_group_one_kills_till_its_worker_is_gone(
+        sim_machine: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four workers of 128 MiB chunks in 1 GiB: three nannies killed their workers in the same 100 ms, where one
+    worker's memory was enough; the others' readings still counted the dying worker's memory."""
+    from types import SimpleNamespace
+
+    from apsi_memory.dask import nanny as nannies
+
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=GiB - 8 * MiB, inactive_file=0)  # the group nearly full
+    monkeypatch.setattr(nannies, "_dying", set())  # the second "worker" is this process: it never goes
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE)
+    try:
+        assert sleeper.stdout is not None and sleeper.stdout.readline()  # running: its RSS is the interpreter's
+        first, second = (SimpleNamespace(memory_manager=_Manager(), process=SimpleNamespace(process=process))
+                         for process in (sleeper, SimpleNamespace(pid=os.getpid())))
+        nannies.group_check(first)
+        nannies.group_check(second)
+        assert (first.memory_manager.killed, second.memory_manager.killed) == (True, False)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    nannies.group_check(second)  # the first's worker has gone: its memory is out of the reading
+    assert second.memory_manager.killed
+
+
+def _hold_on_worker(nbytes: int) -> int:
+    import numpy as np
+
+    global _held_here
+    _held_here = np.ones(nbytes // 8)  # touched: RSS
+    return os.getpid()
+
+
+def test_a_worker_over_its_share_runs_on_while_the_group_has_room(sim_machine: Callable[..., Any],
+                                                                   tmp_path: Path) -> None:
+    """The nanny killed a worker at 95 % of its share whatever the group held (dask's rule): now only once the group
+    is nearly full too (``decide.nanny_kills``), which is when the kernel would kill something."""
+    tree = sim_machine(machines.docker_v1, limit=1 * GiB, usage=300 * MiB)  # the nannies read it here
+    with amd.cluster(n_workers=1, processes=True, memory_limit=160 * MiB, dashboard_address=":0",
+                     local_directory=str(tmp_path)) as c, c.get_client() as cl:
+        pid = next(iter(cl.run(_hold_on_worker, 200 * MiB).values()))  # over 95 % of 160 MiB
+        time.sleep(stretched(2))  # 20 of the nanny's checks
+        assert not cl.get_events("worker-restart-memory")
+        assert list(cl.run(os.getpid).values()) == [pid]
+        tree.v1_group("/sys/fs/cgroup/memory", 1 * GiB, usage=GiB - 8 * MiB)  # the group nearly full: now it must go
+        deadline = time.monotonic() + stretched(30)
+        while not cl.get_events("worker-restart-memory") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cl.get_events("worker-restart-memory")
+
 
 def test_scale_by_cores_shares_the_memory_too() -> None:
     with amd.cluster(n_workers=2, processes=False, dashboard_address=":0") as c, c.get_client() as cl:

@@ -63,6 +63,7 @@ from ..decide import chunk_bytes, nanny_limit_now
 from ..machinery.machines import machine
 from ..units import fmt_size
 from .chunks import name_big_chunks, watch_submissions
+from .nanny import GroupNanny, kill_when_group_full, worker_rss
 from .pausing import PressurePlugin
 from .settings import CHUNK_SETTING, follow_limit, max_pause_s, memory_lines, restore, settings_now
 from .tasks import map_on_cluster, to_dask
@@ -105,6 +106,8 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
                       stacklevel=2)
     kw["memory_limit"] = limit
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
+    if kw.get("processes", True):
+        kw.setdefault("worker_class", GroupNanny)  # kills a worker over its share only when the group is full
     before = settings_now(decide.dask_settings(limit, threads_per_worker))
     settings = follow_limit(limit, threads_per_worker)
     try:
@@ -353,7 +356,7 @@ def _nanny_follows(nanny: Any, limit: int, spill: float) -> None:
 
 def _nanny_step(nanny: Any, limit: int, spill: float) -> None:
     manager = nanny.memory_manager
-    manager.memory_limit = nanny_limit_now(_worker_rss(nanny), manager.memory_limit or limit, limit, spill)
+    manager.memory_limit = nanny_limit_now(worker_rss(nanny), manager.memory_limit or limit, limit, spill)
     if manager.memory_limit == limit:
         _stop_shrinking(nanny)
 
@@ -362,17 +365,6 @@ def _stop_shrinking(nanny: Any) -> None:
     callback = nanny.periodic_callbacks.pop(SHRINKING, None)
     if callback is not None:
         callback.stop()
-
-
-def _worker_rss(nanny: Any) -> int:
-    """The RSS of the worker process a nanny runs, as the nanny reads it (0: none running)."""
-    import psutil
-
-    process = getattr(nanny.process, "process", None)
-    try:
-        return int(psutil.Process(process.pid).memory_info().rss) if process and process.pid else 0
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return 0
 
 
 def dask_setup(server: Any) -> Any:
@@ -396,6 +388,7 @@ def _setup_nanny(nanny: Any) -> None:
     limit = _chosen_limit(nanny.memory_manager.memory_limit, nanny.nthreads, _nannies_here(nanny),
                           scheduler_here=bool(_schedulers_here()))
     _set_nanny_limit(nanny, limit)
+    kill_when_group_full(nanny)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
 
 
