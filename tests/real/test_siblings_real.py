@@ -31,7 +31,8 @@ CASES = [(4, 800, "procs"), (8, 400, "pool"), (16, 200, "procs")]
 
 def run_job(memcg, tmp_path: Path, make: str, count: int, mib: int, how: str) -> tuple[int, list[str], int]:
     """(exit status, one line per process, OOM kills in the group) of the job in a fresh 2 GiB group."""
-    env = {**os.environ, "APSI_SPILL_DIR": str(tmp_path / "spill"), "APSI_LEDGER_DIR": str(tmp_path / "ledger")}
+    env = {**os.environ, "APSI_SPILL_DIR": str(tmp_path / "spill"), "APSI_LEDGER_DIR": str(tmp_path / "ledger"),
+           "TMPDIR": str(tmp_path)}  # the job's own folder (its processes' "filled" marks) under the test's
     env.pop("APSI_RAM_BUDGET", None)
     with memcg(2 * GiB) as group:
         started = time.monotonic()
