@@ -115,7 +115,10 @@ def piece_results(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spa
     row_shape, dtype = out.shape[1:], out.dtype
     for piece in pieces:
         start, stop = piece
-        result = _called(fn, array[start:stop], spans, index, piece)
+        try:
+            result = fn(array[start:stop])
+        except Exception as exc:
+            raise _failed(exc, spans, index, piece) from exc
         if type(result) is not np.ndarray or result.shape != (stop - start,) + row_shape or result.dtype != dtype:
             result = _one_per_row(np.asarray(result), spans, index, piece)
             check_like(result, out, spans, index, piece)
@@ -127,7 +130,11 @@ def _called(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, spans: Spa
     try:
         return fn(rows)
     except Exception as exc:
-        raise BlockError(f"fn failed on rows {rows_label(spans, index, piece)}: {type(exc).__name__}: {exc}") from exc
+        raise _failed(exc, spans, index, piece) from exc
+
+
+def _failed(exc: Exception, spans: Spans, index: int, piece: Span | None) -> BlockError:
+    return BlockError(f"fn failed on rows {rows_label(spans, index, piece)}: {type(exc).__name__}: {exc}")
 
 
 def _one_per_row(result: np.ndarray, spans: Spans, index: int, piece: Span | None) -> np.ndarray:
