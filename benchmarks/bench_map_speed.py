@@ -18,6 +18,10 @@ moment of a loaded machine hits every way alike:
   ``rowwise=False``, and, where ``APSI_BENCH_BASELINE`` names another checkout (``/work/main``), ``map`` from that
   checkout.
 
+* ``overhead``: ``map``'s own Python, in a process of its own (and one for ``APSI_BENCH_BASELINE``'s checkout):
+  CPU microseconds a piece over 16,384 pieces of 16 rows on one thread, the least of 15, against a hand-written
+  loop over the same pieces, and the least time of a ``map`` over 64 rows on 2 threads (the fixed cost of a call).
+
 Each table gives the median of a way's rounds and the median over rounds of its speed against a peer measured
 in the same round (paired). ``APSI_BENCH_ROUNDS=11`` runs 11 rounds instead of 5 (a loaded machine's noise).
 """
@@ -236,3 +240,61 @@ def test_map_npy(benchmark: Any, x: np.ndarray, tmp_path: Path) -> None:
     for name, peaks in rss.items():
         print(f"{name:>26} peak RSS {max(peaks) / 2**20:7.0f} MiB (most over the rounds)")
         benchmark.extra_info[f"{name} peak_rss"] = max(peaks)
+
+
+OVERHEAD_CHILD = """
+import json, time
+import numpy as np
+import apsi_memory as memory
+from apsi_memory.outofcore import mapping
+from concurrent.futures import ThreadPoolExecutor
+mapping._piece = lambda array: 16  # 16,384 pieces of 16 rows: map's own Python a piece, not NumPy's loops
+x = np.ones((1 << 18, 8), np.float32)
+fn = lambda b: b + 1
+
+def loop():
+    out = np.empty_like(x)
+    def block(start):
+        for p in range(start, min(start + 8192, len(x)), 16):
+            out[p:p + 16] = fn(x[p:p + 16])
+    with ThreadPoolExecutor(1) as pool:
+        list(pool.map(block, range(0, len(x), 8192)))
+
+pieces, loops, calls = [], [], []
+small = np.ones((64, 8), np.float32)
+memory.map(fn, small, workers=2)
+for _ in range(15):
+    start = time.process_time()
+    memory.free(memory.map(fn, x, workers=1))
+    middle = time.process_time()
+    loop()
+    pieces.append((middle - start) / 16384)
+    loops.append((time.process_time() - middle) / 16384)
+    start = time.perf_counter()
+    memory.map(fn, small, workers=2)
+    calls.append(time.perf_counter() - start)
+print(json.dumps({"piece": min(pieces), "loop": min(loops), "call": min(calls)}))
+"""
+
+
+def test_map_overhead(benchmark: Any) -> None:
+    """``map``'s own cost: CPU seconds a piece (16-row pieces on one thread, the least of 15) against a hand-written
+    loop over the same pieces, and the least time of a ``map`` over 64 rows on 2 threads; with
+    ``APSI_BENCH_BASELINE`` also that checkout's, in a process of its own."""
+    trees = {"here": str(Path(__file__).resolve().parents[1])}
+    if os.environ.get(BASELINE_ENV):
+        trees[os.environ[BASELINE_ENV]] = os.environ[BASELINE_ENV]
+    found: dict[str, dict[str, float]] = {}
+
+    def measure() -> None:
+        for name, tree in trees.items():
+            done = subprocess.run([sys.executable, "-c", OVERHEAD_CHILD], env=dict(os.environ, PYTHONPATH=tree),
+                                  check=True, capture_output=True, text=True, cwd=tree)
+            found[name] = json.loads(done.stdout)
+
+    benchmark.group = "map overhead"
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    print(f"\nmap's own cost (load {os.getloadavg()[0]:.1f}): us a piece (map / hand loop), ms a 64-row call")
+    for name, row in found.items():
+        print(f"{name:>26} {row['piece'] * 1e6:5.2f} / {row['loop'] * 1e6:5.2f} us  {row['call'] * 1e3:6.2f} ms")
+        benchmark.extra_info[name] = row

@@ -12,9 +12,11 @@ import pytest
 
 import apsi_memory as memory
 import sim
+from apsi_memory.adapters import maps
 from apsi_memory.adapters.cpus import core_cache_bytes, parse_cache_size
+from apsi_memory.arrays import placement
 from apsi_memory.blocks.rules import block_spans, default_rows
-from apsi_memory.errors import ArgumentTypeError, BlockError
+from apsi_memory.errors import ArgumentTypeError, BlockError, ChunkError
 from apsi_memory.machinery.machines import CORE_CACHE_BYTES, Machine
 from sim.tree import SimTree
 
@@ -134,3 +136,53 @@ def test_without_sysfs_the_core_cache_is_taken_as_1_mib(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, size", [("1024K\n", 1 << 20), ("2M", 2 << 20), ("48", 48), ("big", None), ("", None)])
 def test_cache_sizes_read_as_sysfs_writes_them(text: str, size: int | None) -> None:
     assert parse_cache_size(text) == size
+
+
+def test_a_later_piece_that_disagrees_with_the_first_is_refused(cache_64k: SimTree) -> None:
+    def short_after_row_2000(b: np.ndarray) -> np.ndarray:
+        return b[:-1] if b[0, 0] >= 2000 * 3 else b
+
+    with pytest.raises(ChunkError, match=r"1364 rows for rows 2730:4095 \(block 1 of 3\) \(1365 rows\)"):
+        memory.map(short_after_row_2000, X, workers=2)
+    with pytest.raises(ChunkError, match=r"dtype float64 for rows 2730:4095 \(block 1 of 3\).*dtype float32"):
+        memory.map(lambda b: b.astype(np.float64) if b[0, 0] >= 2000 * 3 else b, X, workers=2)
+
+
+def test_a_piece_may_return_rows_that_numpy_turns_into_the_output_s_rows(cache_64k: SimTree) -> None:
+    def doubled(b: np.ndarray) -> object:
+        y = (b * 2.0).astype(np.float64)
+        return y.tolist() if b[0, 0] >= 2000 * 3 else y  # Python floats: float64 once NumPy has them
+
+    y = memory.map(doubled, X, workers=2)  # type: ignore[arg-type]
+    assert y.tobytes() == (X * 2.0).astype(np.float64).tobytes()
+
+
+def test_an_input_in_numpy_s_memory_is_not_looked_up_in_proc_maps(cache_64k: SimTree,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An array NumPy allocated cannot be a file mapping: reading /proc/self/maps for it cost ~0.3 ms a call."""
+    looked_up: list[int] = []
+    real = maps.file_region
+    monkeypatch.setattr(maps, "file_region", lambda start, end, root=None: looked_up.append(start) or real(start,
+                                                                                                         end, root))
+    y = memory.map(lambda b: b * 2.0, X[10:], workers=2)
+    assert X[10:].ctypes.data not in looked_up
+    assert y.tobytes() == (X[10:] * 2.0).tobytes()
+
+
+def test_the_input_is_checked_for_free_without_a_lookup_per_piece(cache_64k: SimTree,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``map`` asks after every piece whether its input was freed; finding the input's entry (a walk over its
+    ``.base`` chain) is done once a call, not for each of its ~1,100 pieces."""
+    lookups = [0]
+
+    def counted(real: Callable[[np.ndarray], object]) -> Callable[[np.ndarray], object]:
+        def lookup(x: np.ndarray) -> object:
+            lookups[0] += 1
+            return real(x)
+        return lookup
+
+    for name in ("is_freed", "entry_of"):
+        monkeypatch.setattr(placement, name, counted(getattr(placement, name)))
+    y, seen = spans_seen(lambda b: b * 2.0)
+    assert len(seen) > 1000 and lookups[0] <= 2
+    assert y.tobytes() == (X * 2.0).tobytes()

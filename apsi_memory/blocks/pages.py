@@ -242,9 +242,17 @@ def _sees_page_cache(fd: int) -> bool:
 
 def file_region(array: np.ndarray) -> Region | None:
     """The file mapping that holds all rows of ``array``, or ``None`` (in RAM, or no such kernel interface)."""
-    if array.size == 0 or not libc.page_calls_available():
+    if array.size == 0 or _numpy_owned(array) or not libc.page_calls_available():
         return None
     return maps.file_region(*row_extent(array))
+
+
+def _numpy_owned(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is NumPy's own allocation (heap or anonymous memory, never a file), so that
+    ``/proc/self/maps`` (hundreds of lines, read twice a ``map`` call) need not be read for it."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array.base is None and array.flags.owndata
 
 
 def row_extent(array: np.ndarray) -> tuple[int, int]:

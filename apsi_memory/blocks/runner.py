@@ -7,14 +7,15 @@ worker.
 * ``run_pulled`` (``map``'s threads) has no thread handing out: each thread takes the next block in row order
   itself as it finishes one (``Pulled``), with the same stop and the same first error.
 * ``result_of`` runs ``fn`` on one block and checks that it gave one row per input row; ``check_storable`` and
-  ``check_like`` hold every block to what a ``memory.array`` output can store and to block 0's row shape and dtype.
+  ``check_like`` hold every block to what a ``memory.array`` output can store and to block 0's row shape and dtype;
+  ``piece_results`` does both for the pieces of a block, cheaply where the result is already right.
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Executor, wait
 from typing import Any, Protocol, TypeVar
 
@@ -102,10 +103,42 @@ def result_of(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: 
     """``fn`` on block ``index`` of ``array`` (or on the rows ``piece`` of it), which must give one row per input
     row."""
     start, stop = piece or spans[index]
+    return _one_per_row(np.asarray(_called(fn, array[start:stop], spans, index, piece)), spans, index, piece)
+
+
+def piece_results(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans: Spans, index: int,
+                  pieces: Spans, out: np.ndarray) -> Iterator[tuple[Span, np.ndarray]]:
+    """``fn`` on each of ``pieces`` of block ``index``, each result held to ``result_of``'s and ``check_like``'s
+    rules. A result that is already an array of the output's row shape and dtype is taken as it is, in one
+    comparison: ``map`` calls this for every cache-sized piece, and with two threads every Python step a piece
+    takes holds the GIL the other thread waits for between its NumPy loops."""
+    row_shape, dtype = out.shape[1:], out.dtype
+    for piece in pieces:
+        start, stop = piece
+        try:
+            result = fn(array[start:stop])
+        except Exception as exc:
+            raise _failed(exc, spans, index, piece) from exc
+        if type(result) is not np.ndarray or result.shape != (stop - start,) + row_shape or result.dtype != dtype:
+            result = _one_per_row(np.asarray(result), spans, index, piece)
+            check_like(result, out, spans, index, piece)
+        yield piece, result
+
+
+def _called(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, spans: Spans, index: int,
+            piece: Span | None) -> Any:
     try:
-        result = np.asarray(fn(array[start:stop]))
+        return fn(rows)
     except Exception as exc:
-        raise BlockError(f"fn failed on rows {rows_label(spans, index, piece)}: {type(exc).__name__}: {exc}") from exc
+        raise _failed(exc, spans, index, piece) from exc
+
+
+def _failed(exc: Exception, spans: Spans, index: int, piece: Span | None) -> BlockError:
+    return BlockError(f"fn failed on rows {rows_label(spans, index, piece)}: {type(exc).__name__}: {exc}")
+
+
+def _one_per_row(result: np.ndarray, spans: Spans, index: int, piece: Span | None) -> np.ndarray:
+    start, stop = piece or spans[index]
     if result.ndim == 0 or len(result) != stop - start:
         shape = "a single value" if result.ndim == 0 else f"{len(result)} rows"
         raise ChunkError(f"fn returned {shape} for rows {rows_label(spans, index, piece)} ({stop - start} rows); "

@@ -53,6 +53,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -69,6 +70,7 @@ from ..blocks.runner import (
     Stop,
     check_like,
     check_storable,
+    piece_results,
     result_of,
     rows_label,
     run_pulled,
@@ -225,32 +227,34 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
     ``BLOCKS_PER_WORKER`` per thread read ahead and not finished, ``fn`` called on pieces of ``piece`` rows of each
     in turn, by the block's thread, each result written into the output at once."""
     stop = Stop(len(spans))
+    freed = _freed_test(array)
 
     def computed(index: int, span: Span) -> np.ndarray:
         result = result_of(fn, array, spans, index, span)
-        if placement.is_freed(array):  # freed while fn read its rows: the result may come from zeros
-            raise freed_source(f"while map ran (found after rows {rows_label(spans, index, span)})")
+        not_freed(index, span)
         return result
 
-    def put(out: np.ndarray, index: int, span: Span, result: np.ndarray) -> None:
-        check_like(result, out, spans, index, span)  # even when stopping: an earlier block's error wins
-        if not stop.stopping:
-            out[span[0]:span[1]] = result
+    def not_freed(index: int, span: Span) -> None:
+        if freed():  # freed while fn read its rows: the result may come from zeros
+            raise freed_source(f"while map ran (found after rows {rows_label(spans, index, span)})")
 
     def work(index: int) -> None:
         first, *rest = block_spans(spans[index][1], piece, spans[index][0]) or [spans[index]]
         try:
-            result = computed(index, first)
+            head = computed(index, first)
             if index == 0:
-                output.make(result)
+                output.make(head)
         finally:
             if index == 0:
                 output.give_up()  # made, or failed: either way nobody may wait longer
         out = output.wait()
-        if out is not None:
-            put(out, index, first, result)
-            for span in rest:
-                put(out, index, span, computed(index, span))  # written while the piece is still in the cache
+        if out is None:
+            return
+        check_like(head, out, spans, index, first)  # even when stopping: an earlier block's error wins
+        for span, result in chain([(first, head)], piece_results(fn, array, spans, index, rest, out)):
+            not_freed(index, span)
+            if not stop.stopping:
+                out[span[0]:span[1]] = result  # written while the piece is still in the cache
 
     def prepare(index: int) -> None:
         inputs.read_ahead(*spans[index])
@@ -262,6 +266,15 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
     blocks = Pulled(len(spans), workers * (BLOCKS_PER_WORKER - 1), prepare, finish, stop)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apsi-map") as pool:
         run_pulled(pool, workers, work, blocks, output.give_up)
+
+
+def _freed_test(array: np.ndarray) -> Callable[[], bool]:
+    """Whether ``array`` has been freed, asked after every piece: its entry is looked up once, as an array that is
+    not a ``memory.array`` (or a view of one) never becomes one."""
+    entry = placement.entry_of(array)
+    if entry is None:
+        return lambda: False
+    return lambda: entry.freed
 
 
 def wait_threads(futures: set[Future[int]], when: str) -> tuple[set[Future[int]], set[Future[int]]]:
