@@ -32,15 +32,16 @@ def one(make: str, mib: int, start_at: float, filled: str | None = None, count: 
         x[start:start + (16 << 20)] = 3
     right = int(x.sum(dtype=np.int64)) == 3 * n
     if make == "numpy.zeros" and filled is not None:
-        hold_till_all_filled(filled, count)
+        wait_for_all(filled, count, 30)  # the control holds its array till every process filled its own
     return f"{'ok' if right else 'wrong'} {where}"
 
 
-def hold_till_all_filled(filled: str, count: int) -> None:
-    """Say this process filled its array (a file in ``filled``), then wait for the ``count`` processes to say so."""
-    open(os.path.join(filled, str(os.getpid())), "w").close()
-    deadline = time.time() + 30
-    while len(os.listdir(filled)) < count and time.time() < deadline:
+def wait_for_all(folder: str, count: int, seconds: float) -> None:
+    """A file barrier: say this process got here (a file named by its pid in ``folder``), then wait until ``count``
+    processes have said so, or ``seconds`` have passed."""
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + seconds
+    while len(os.listdir(folder)) < count and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

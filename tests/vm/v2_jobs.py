@@ -64,10 +64,7 @@ def big(kind: str, mib: int) -> int:
 
 def sibling(kind: str, mib: int, ready_dir: str, count: int) -> int:
     """Every sibling has imported NumPy and the library (seconds under TCG) before any places: a file barrier."""
-    open(os.path.join(ready_dir, str(os.getpid())), "w").close()
-    deadline = time.monotonic() + 180
-    while len(os.listdir(ready_dir)) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
+    siblings_job.wait_for_all(ready_dir, count, 180)
     line = siblings_job.one(kind, mib, 0.0)
     print(line, flush=True)
     return 0 if line.startswith("ok") else 1
