@@ -128,18 +128,19 @@ _open: weakref.WeakSet[MemoryCluster] = weakref.WeakSet()  # this process's clus
 
 def _workers_elsewhere(cluster: Any = None) -> int:
     """The workers of this process's open clusters other than ``cluster``: they live in the same group."""
-    return sum(len(other.worker_spec) for other in list(_open) if other is not cluster and _is_open(other))
+    return sum(len(other.worker_spec) for other in _others(cluster))
 
 
-def _is_open(cluster: Any) -> bool:
-    return bool(cluster.status == Status.running)
+def _others(cluster: Any = None) -> list[MemoryCluster]:
+    """This process's open clusters other than ``cluster`` (all of them for None)."""
+    return [other for other in list(_open) if other is not cluster and other.status == Status.running]
 
 
 def _share_elsewhere(cluster: Any, limit: int, settings: dict[str, int | str]) -> None:
     """Give ``limit`` to the workers of this process's other open clusters (each running one spills down to a
     smaller limit first), as ``share_between`` does."""
-    for other in list(_open):
-        if other is cluster or other.fixed_limit or not _is_open(other):
+    for other in _others(cluster):
+        if other.fixed_limit:
             continue
         other.new_spec["options"]["memory_limit"] = limit
         other._share_on_its_loop(limit, settings)
@@ -150,14 +151,14 @@ def _share_elsewhere(cluster: Any, limit: int, settings: dict[str, int | str]) -
 def _check_chunks(client: Any, graph: Any) -> None:
     """Names the arrays sent to one of this process's clusters with chunks its workers do not fit, each once."""
     address = getattr(getattr(client, "scheduler", None), "address", None)
-    for made in list(_open):
-        if _is_open(made) and made.scheduler_address == address:
+    for made in _others():
+        if made.scheduler_address == address:
             name_big_chunks(graph, *made.chunk_fits(), made.arrays_named)
 
 
 def _give_back(closed: Any) -> None:
     """The memory a closed cluster's workers had goes back to this process's other clusters."""
-    left = [other for other in list(_open) if other is not closed and _is_open(other) and not other.fixed_limit]
+    left = [other for other in _others(closed) if not other.fixed_limit]
     if left:
         left[0].share_between(len(left[0].worker_spec))
 
