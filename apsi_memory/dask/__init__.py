@@ -39,6 +39,8 @@ import logging
 import math
 import os
 import pickle
+import shutil
+import tempfile
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -62,7 +64,8 @@ from ..adapters.dask_workers import family, group_dask
 from ..decide import chunk_bytes, nanny_limit_now
 from ..machinery.machines import machine
 from ..units import fmt_size
-from .chunks import name_big_chunks, watch_submissions
+from .admission import note_chunk
+from .chunks import largest_chunk, name_big_chunks, watch_submissions
 from .nanny import GroupNanny, kill_when_group_full, worker_rss
 from .pausing import PressurePlugin
 from .settings import CHUNK_SETTING, follow_limit, max_pause_s, memory_lines, restore, settings_now
@@ -108,6 +111,8 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
     if kw.get("processes", True):
         kw.setdefault("worker_class", GroupNanny)  # kills a worker over its share only when the group is full
+    if isinstance(kw.get("worker_class"), type) and issubclass(kw["worker_class"], GroupNanny):
+        kw["admission"] = tempfile.mkdtemp(prefix="apsi-admission-", dir=kw.get("local_directory"))  # its tasks'
     before = settings_now(decide.dask_settings(limit, threads_per_worker))
     settings = follow_limit(limit, threads_per_worker)
     try:
@@ -115,8 +120,10 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
             made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
     except BaseException:
         restore(before)
+        _remove(kw.get("admission"))
         raise
     made.fixed_limit, made.config_before, made.arrays_named = fixed is not None, before, set()
+    made.admission = kw.get("admission")
     _open.add(made)
     watch_submissions(_check_chunks)
     _share_elsewhere(made, share, settings)
@@ -154,6 +161,8 @@ def _check_chunks(client: Any, graph: Any) -> None:
     for made in _others():
         if made.scheduler_address == address:
             name_big_chunks(graph, *made.chunk_fits(), made.arrays_named)
+            if made.admission:
+                note_chunk(made.admission, largest_chunk(graph))
 
 
 def _give_back(closed: Any) -> None:
@@ -190,6 +199,7 @@ class MemoryCluster(LocalCluster):
     _sharing: asyncio.Future[None] | None = None  # the last share started from the event loop, kept till done
     arrays_named: set[str]  # the arrays sent here whose chunks were too big, named once each (cluster() sets it)
     _fits: tuple[int, int] = (0, 0)  # a worker limit and the chunk it fits, as chunk_fits read them last
+    admission: str | None = None  # the folder of its running tasks (``admission``), removed at close
 
     async def _close(self) -> None:
         try:
@@ -199,6 +209,7 @@ class MemoryCluster(LocalCluster):
             self.config_before = None
             _open.discard(self)
             _give_back(self)
+            _remove(self.admission)
 
     def scale(self, n: int = 0, memory: str | int | None = None, cores: int | None = None) -> Any:
         # dask's own rules for memory= (against today's share) and cores=, applied here so that they share too
@@ -265,6 +276,11 @@ class MemoryCluster(LocalCluster):
         for nanny in self.workers.values():
             if isinstance(nanny, Nanny):
                 _nanny_follows(nanny, limit, spill)
+
+
+def _remove(folder: str | None) -> None:
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
