@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from apsi_memory import dask as amd
 from apsi_memory import decide
-from apsi_memory.dask.admission import TaskLedger, note_chunk, read_chunk
+from apsi_memory.dask.admission import TOPIC, TaskLedger, note_chunk, read_chunk
 from sim import tree as machines
 from sim.tree import GiB, MiB
 from tests.load import stretched
@@ -107,8 +107,9 @@ def _record(block: Any) -> Any:
     return np.array([start, time.time()])
 
 
-def _spans(usage: int, sim_machine: Callable[..., Any], tmp_path: Path) -> list[tuple[float, float]]:
-    """When each of four tasks over 64 MiB chunks ran on 2 workers x 2 threads, the 1 GiB group at ``usage``."""
+def _spans(usage: int, sim_machine: Callable[..., Any], tmp_path: Path) -> tuple[list[tuple[float, float]], int]:
+    """When each of four tasks over 64 MiB chunks ran on 2 workers x 2 threads, the 1 GiB group at ``usage``, and
+    how many waited (the workers' ``apsi-admission`` events)."""
     import dask.array as da
 
     sim_machine(machines.docker_v1, limit=1 * GiB, usage=usage, inactive_file=0)  # what workers read, not hold
@@ -117,7 +118,9 @@ def _spans(usage: int, sim_machine: Callable[..., Any], tmp_path: Path) -> list[
                      local_directory=str(tmp_path)) as c, c.get_client() as cl:
         cl.wait_for_workers(2, timeout=stretched(60))
         ends = x.map_blocks(_record, chunks=((2,) * 4,), dtype=float).compute()
-    return sorted(zip(ends[::2], ends[1::2], strict=True))
+        waits = [msg for _, msg in cl.get_events(TOPIC)]
+    assert all(msg["need_bytes"] == 3 * 64 * MiB for msg in waits)
+    return sorted(zip(ends[::2], ends[1::2], strict=True)), len(waits)
 
 
 def _overlap(spans: list[tuple[float, float]]) -> bool:
@@ -128,13 +131,15 @@ def test_tasks_the_group_cannot_hold_together_run_one_after_another_and_all_fini
         sim_machine: Callable[..., Any], tmp_path: Path) -> None:
     """768 MiB of the 1 GiB group used: one task of three 64 MiB chunks fits beside the critical reserve, two do
     not; the four run one at a time (none waits for ever) where dask alone ran them together."""
-    spans = _spans(768 * MiB, sim_machine, tmp_path)
+    spans, waited = _spans(768 * MiB, sim_machine, tmp_path)
     assert len(spans) == 4 and not _overlap(spans)
+    assert waited >= 1  # and the workers said so
 
 
 def test_control_tasks_the_group_holds_together_run_together(sim_machine: Callable[..., Any],
                                                              tmp_path: Path) -> None:
-    assert _overlap(_spans(100 * MiB, sim_machine, tmp_path))
+    spans, waited = _spans(100 * MiB, sim_machine, tmp_path)
+    assert _overlap(spans) and waited == 0
 
 
 def test_the_cluster_folder_of_running_tasks_goes_with_the_cluster(tmp_path: Path) -> None:

@@ -25,6 +25,13 @@ pausing: it switches dask's own pause off on its worker and applies both rules (
 pause fraction of the limit). A pause always ends (``decide.worker_pause_step``): a worker resumes on its own need
 (its memory, and the group's free memory against its next tasks), and after ``MAX_PAUSE_S`` whatever holds it.
 
+Admission
+---------
+``cluster()``'s workers (``admission.AdmittedWorker``) start a task only where the group has room for what it will
+need, or where no other task of the cluster runs (``decide.task_admitted``): the pause, read every 100 ms, let
+four tasks of 128 MiB chunks start together in 1 GiB. Where the group runs out of memory all the same, the kernel
+kills a worker first (``oom_score_adj``), not the client, the scheduler or a process beside the cluster.
+
 ``tasks`` holds what runs on the workers for ``map`` and ``to_dask``; ``settings`` the dask settings read here
 (``apsi-memory.max-pause``, and dask's own ``distributed.worker.memory.*``: followed where stricter, else a
 WARNING).
@@ -95,7 +102,8 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     of workers; this process's open clusters share one group (their workers count, and get the share too). ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold
     that many. Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on
     ``scale``, with a ``BudgetWarning`` when it is more than the share; ``"auto"`` is the rule, the group's share,
-    not dask's share of the host)."""
+    not dask's share of the host). With processes (the default), each task waits for room in the group
+    (``admission``), and the kernel kills a worker before any other process of the group."""
     if n_workers is None:
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
     fixed = kw.get("memory_limit")

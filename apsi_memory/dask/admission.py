@@ -20,6 +20,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ logger = logging.getLogger("distributed.apsi_memory")  # as in __init__: dask's 
 LOCK = "admit.lock"  # held while one task is admitted
 CHUNK = "chunk"  # the largest array chunk sent to the cluster, in bytes: what a task is assumed to need
 TASK_SUFFIX = ".task"
+TOPIC = "apsi-admission"  # the worker's event (``Client.get_events``) for each task that waits for room
 POLL_S = 0.05  # how often a waiting task looks again: tasks of big chunks run for 100s of ms
 # The most: where its group is out of memory, the kernel kills the process of the highest score, and this puts a
 # worker first. dask recovers a worker (its nanny starts it again and its tasks rerun); the client's or the
@@ -60,9 +62,10 @@ class TaskLedger:
         self.folder = Path(folder)
         self._seq = itertools.count()
 
-    async def admit(self, input_bytes: int, still_wanted: Callable[[], bool] = lambda: True) -> RunningTask | None:
+    async def admit(self, input_bytes: int, still_wanted: Callable[[], bool] = lambda: True,
+                    on_wait: Callable[[int], None] = lambda need: None) -> RunningTask | None:
         """Wait till a task with ``input_bytes`` of inputs may start, and hold its place (None: ``still_wanted()``
-        said no first, as for a worker closing)."""
+        said no first, as for a worker closing); ``on_wait(need)`` is called once if it has to wait."""
         need = task_start_need(read_chunk(self.folder), input_bytes)
         waited = False
         while still_wanted():
@@ -70,8 +73,7 @@ class TaskLedger:
             if task is not None:
                 return task
             if not waited:
-                logger.info("apsi_memory: a task waits for %d MiB of the group to start (pid %d)", need >> 20,
-                            os.getpid())
+                on_wait(need)
                 waited = True
             await asyncio.sleep(POLL_S)
         return None
@@ -183,12 +185,16 @@ class AdmittedWorker(Worker):
         if self.ledger is None or ts is None:
             return await super().execute(key, stimulus_id=stimulus_id)
         inputs = sum(dep.nbytes or 0 for dep in ts.dependencies)
-        task = await self.ledger.admit(inputs, lambda: self.status in (Status.running, Status.paused))
+        task = await self.ledger.admit(inputs, lambda: self.status in (Status.running, Status.paused),
+                                       partial(self._waits, key))
         try:
             return await super().execute(key, stimulus_id=stimulus_id)  # a worker closing: dask's own answer
         finally:
             if task is not None:
                 task.close()
+
+    def _waits(self, key: Any, need: int) -> None:
+        self.log_event(TOPIC, {"action": "wait", "key": str(key), "need_bytes": need, "worker": self.address})
 
 
 def killed_first() -> None:
