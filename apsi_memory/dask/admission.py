@@ -7,6 +7,8 @@ The tasks running are files in a folder the cluster owns, one a task, each ``flo
 task runs and naming what it needs: a worker killed mid-task leaves a file no one holds, which the next look
 removes, so a dead worker never holds a place. Admissions are made one at a time under a lock file of the folder.
 
+Where the group runs out of memory all the same, the kernel kills a worker first (``killed_first``).
+
 May import: decide, system, adapters, machinery, arrays, blocks.
 """
 
@@ -172,8 +174,9 @@ def note_chunk(folder: str | Path, chunk: int) -> None:
 
 class AdmittedWorker(Worker):
     """``cluster()``'s worker (started by ``GroupNanny``): each task waits for its admission (``TaskLedger`` in the
-    cluster's folder ``admission``) before it runs; where the group runs out of memory all the same, the kernel kills
-    it before any other process of the group (``killed_first``)."""
+    cluster's folder ``admission``) before it runs, and one that has to wait is a ``log_event`` under ``TOPIC``
+    (its key and ``need_bytes``); where the group runs out of memory all the same, the kernel kills it before any
+    other process of the group (``killed_first``)."""
 
     def __init__(self, *args: Any, admission: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
