@@ -25,6 +25,13 @@ pausing: it switches dask's own pause off on its worker and applies both rules (
 pause fraction of the limit). A pause always ends (``decide.worker_pause_step``): a worker resumes on its own need
 (its memory, and the group's free memory against its next tasks), and after ``MAX_PAUSE_S`` whatever holds it.
 
+Admission
+---------
+``cluster()``'s workers (``admission.AdmittedWorker``) start a task only where the group has room for what it will
+need, or where no other task of the cluster runs (``decide.task_admitted``): the pause, read every 100 ms, let
+four tasks of 128 MiB chunks start together in 1 GiB. Where the group runs out of memory all the same, the kernel
+kills a worker first (``oom_score_adj``), not the client, the scheduler or a process beside the cluster.
+
 ``tasks`` holds what runs on the workers for ``map`` and ``to_dask``; ``settings`` the dask settings read here
 (``apsi-memory.max-pause``, and dask's own ``distributed.worker.memory.*``: followed where stricter, else a
 WARNING).
@@ -39,6 +46,8 @@ import logging
 import math
 import os
 import pickle
+import shutil
+import tempfile
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -62,7 +71,8 @@ from ..adapters.dask_workers import family, group_dask
 from ..decide import chunk_bytes, nanny_limit_now
 from ..machinery.machines import machine
 from ..units import fmt_size
-from .chunks import name_big_chunks, watch_submissions
+from .admission import note_chunk
+from .chunks import largest_chunk, name_big_chunks, watch_submissions
 from .nanny import GroupNanny, kill_when_group_full, worker_rss
 from .pausing import PressurePlugin
 from .settings import CHUNK_SETTING, follow_limit, max_pause_s, memory_lines, restore, settings_now
@@ -92,7 +102,8 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     of workers; this process's open clusters share one group (their workers count, and get the share too). ``n_workers=None``: one per core (``threads_per_worker`` cores each), fewer if memory cannot hold
     that many. Other keywords go to ``LocalCluster`` (``memory_limit`` there overrides the rule and is kept on
     ``scale``, with a ``BudgetWarning`` when it is more than the share; ``"auto"`` is the rule, the group's share,
-    not dask's share of the host)."""
+    not dask's share of the host). With processes (the default), each task waits for room in the group
+    (``admission``), and the kernel kills a worker before any other process of the group."""
     if n_workers is None:
         n_workers = _workers_that_fit(max(1, machine().cores() // threads_per_worker), threads_per_worker)
     fixed = kw.get("memory_limit")
@@ -108,6 +119,8 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
     kw["plugins"] = (*kw.get("plugins", ()), PressurePlugin())  # copied per worker in its setup
     if kw.get("processes", True):
         kw.setdefault("worker_class", GroupNanny)  # kills a worker over its share only when the group is full
+    if isinstance(kw.get("worker_class"), type) and issubclass(kw["worker_class"], GroupNanny):
+        kw["admission"] = tempfile.mkdtemp(prefix="apsi-admission-", dir=kw.get("local_directory"))  # its tasks'
     before = settings_now(decide.dask_settings(limit, threads_per_worker))
     settings = follow_limit(limit, threads_per_worker)
     try:
@@ -115,8 +128,10 @@ def cluster(n_workers: int | None = None, threads_per_worker: int = 1, **kw: Any
             made = MemoryCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, **kw)
     except BaseException:
         restore(before)
+        _remove(kw.get("admission"))
         raise
     made.fixed_limit, made.config_before, made.arrays_named = fixed is not None, before, set()
+    made.admission = kw.get("admission")
     _open.add(made)
     watch_submissions(_check_chunks)
     _share_elsewhere(made, share, settings)
@@ -154,6 +169,8 @@ def _check_chunks(client: Any, graph: Any) -> None:
     for made in _others():
         if made.scheduler_address == address:
             name_big_chunks(graph, *made.chunk_fits(), made.arrays_named)
+            if made.admission:
+                note_chunk(made.admission, largest_chunk(graph))
 
 
 def _give_back(closed: Any) -> None:
@@ -190,6 +207,7 @@ class MemoryCluster(LocalCluster):
     _sharing: asyncio.Future[None] | None = None  # the last share started from the event loop, kept till done
     arrays_named: set[str]  # the arrays sent here whose chunks were too big, named once each (cluster() sets it)
     _fits: tuple[int, int] = (0, 0)  # a worker limit and the chunk it fits, as chunk_fits read them last
+    admission: str | None = None  # the folder of its running tasks (``admission``), removed at close
 
     async def _close(self) -> None:
         try:
@@ -199,6 +217,7 @@ class MemoryCluster(LocalCluster):
             self.config_before = None
             _open.discard(self)
             _give_back(self)
+            _remove(self.admission)
 
     def scale(self, n: int = 0, memory: str | int | None = None, cores: int | None = None) -> Any:
         # dask's own rules for memory= (against today's share) and cores=, applied here so that they share too
@@ -265,6 +284,11 @@ class MemoryCluster(LocalCluster):
         for nanny in self.workers.values():
             if isinstance(nanny, Nanny):
                 _nanny_follows(nanny, limit, spill)
+
+
+def _remove(folder: str | None) -> None:
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

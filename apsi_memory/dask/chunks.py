@@ -36,6 +36,12 @@ def big_chunks(graph: Any, fits: int) -> list[BigChunks]:
     return found
 
 
+def largest_chunk(graph: Any) -> int:
+    """The largest chunk of the dask arrays of a graph sent to a scheduler, those fused into others' tasks too
+    (0: no array)."""
+    return max((_chunk_bytes(layer) for hlg in _graphs(graph) for layer in hlg.layers.values()), default=0)
+
+
 def _graphs(graph: Any) -> Iterator[Any]:
     from dask.highlevelgraph import HighLevelGraph
 

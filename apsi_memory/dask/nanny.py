@@ -12,6 +12,7 @@ from distributed import Nanny
 
 from ..decide import nanny_kills
 from ..machinery.machines import machine
+from .admission import AdmittedWorker
 
 MONITOR = "memory_monitor"  # dask's name for the nanny's periodic check
 # The workers this process's nannies killed for a full group, until they have gone: the group's reading still
@@ -21,9 +22,12 @@ _dying: set[int] = set()
 
 
 class GroupNanny(Nanny):
-    """A ``Nanny`` whose memory check asks the group first (``kill_when_group_full``)."""
+    """A ``Nanny`` whose memory check asks the group first (``kill_when_group_full``); given ``admission`` (a
+    folder of ``cluster()``'s), its workers are ``AdmittedWorker``s: each task waits for room in the group."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("admission"):
+            kwargs.setdefault("worker_class", AdmittedWorker)
         super().__init__(*args, **kwargs)
         kill_when_group_full(self)
 

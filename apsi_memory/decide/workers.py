@@ -384,3 +384,27 @@ def cluster_blocks_per_task(blocks: int, threads: int, block_s: float, block_byt
     by_memory = share_bytes // max(1, block_bytes) if share_bytes > 0 else blocks
     balanced = -(-blocks // (2 * max(1, threads)))
     return max(1, min(by_time, by_memory, balanced))
+
+
+# -- admission: a task of a cluster() worker starts only where its group has room for it ----------------------------
+# The pause is read every 100 ms and the nanny acts after the fact: four tasks of dask's 128 MiB chunks started in
+# the same instant in a 1 GiB group (2 workers x 2 threads) needed more than it had, and the kernel killed workers.
+
+
+def task_start_need(chunk: int, input_bytes: int) -> int:
+    """What a task will grow its worker by: ``CHUNKS_PER_TASK`` chunks of the largest array chunk its cluster was
+    sent (0: none known), or twice its inputs (a result and one temporary of their size), whichever is more."""
+    return max(CHUNKS_PER_TASK * max(0, chunk), 2 * max(0, input_bytes))
+
+
+def still_to_grow(need: int, grown: int) -> int:
+    """What running tasks that need ``need`` bytes in all will still take, their worker having grown by ``grown``."""
+    return max(0, need - max(0, grown))
+
+
+def task_admitted(need: int, free: int, usable: int, running: int, outstanding: int) -> bool:
+    """Whether a task of a cluster's worker that will grow it by ``need`` bytes starts now: where none of the
+    cluster's tasks runs in the group (``running`` 0: the work always goes on, one task at a time at worst), or
+    where the group's ``free`` bytes, less what the running tasks will still take (``outstanding``) and the
+    ``critical_reserve`` of ``usable``, hold it."""
+    return running == 0 or need <= free - max(0, outstanding) - critical_reserve(usable)
