@@ -4,6 +4,7 @@ of dask's 128 MiB chunks (2 workers x 2 threads) started at once and the kernel 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import subprocess
@@ -90,6 +91,22 @@ def test_a_worker_killed_mid_task_leaves_no_place_held(sim_machine: Callable[...
     assert task is not None
     task.close()
     assert ledger.running() == []
+
+
+def test_a_task_of_small_need_starts_at_once_and_holds_no_place(sim_machine: Callable[..., Any],
+                                                                 tmp_path: Path) -> None:
+    """Admission reads the group and the running tasks (hundreds of microseconds, on the worker's event loop): a task
+    that needs no more than the smallest chunk the library advises starts without it, even beside a task the group
+    cannot hold another of, so thousands of small tasks pay nothing."""
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=1000 * MiB, inactive_file=0)
+    ledger = TaskLedger(tmp_path)
+    big = ledger.try_admit(64 << 20)  # alone: it starts
+    assert big is not None
+    try:
+        started = asyncio.run(asyncio.wait_for(ledger.admit(decide.MIN_CHUNK_BYTES // 2), stretched(5)))
+        assert started is None and len(ledger.running()) == 1  # ran at once, no place of its own
+    finally:
+        big.close()
 
 
 def test_the_largest_chunk_sent_is_kept(tmp_path: Path) -> None:

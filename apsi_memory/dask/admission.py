@@ -29,8 +29,9 @@ from typing import Any
 from distributed import Worker
 from distributed.core import Status
 
-from ..decide import still_to_grow, task_admitted, task_start_need
+from ..decide import still_to_grow, task_admitted, task_needs_admission, task_start_need
 from ..machinery.machines import machine
+from ..machinery.slots import Statm
 
 logger = logging.getLogger("distributed.apsi_memory")  # as in __init__: dask's logging setup shows it
 LOCK = "admit.lock"  # held while one task is admitted
@@ -63,12 +64,16 @@ class TaskLedger:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         self._seq = itertools.count()
+        self._statm = Statm(machine().root)  # the workers' statm kept open: a pread each look
 
     async def admit(self, input_bytes: int, still_wanted: Callable[[], bool] = lambda: True,
                     on_wait: Callable[[int], None] = lambda need: None) -> RunningTask | None:
-        """Wait till a task with ``input_bytes`` of inputs may start, and hold its place (None: ``still_wanted()``
-        said no first, as for a worker closing); ``on_wait(need)`` is called once if it has to wait."""
+        """Wait till a task with ``input_bytes`` of inputs may start, and hold its place (None: it needs none,
+        ``decide.task_needs_admission``, or ``still_wanted()`` said no first, as for a worker closing);
+        ``on_wait(need)`` is called once if it has to wait."""
         need = task_start_need(read_chunk(self.folder), input_bytes)
+        if not task_needs_admission(need):
+            return None
         waited = False
         while still_wanted():
             task = self.try_admit(need)
@@ -85,7 +90,8 @@ class TaskLedger:
         with _locked(self.folder / LOCK):
             running = self.running()
             limits = machine().limits()
-            if not task_admitted(need, limits.free_bytes, limits.usable_bytes, len(running), _outstanding(running)):
+            outstanding = _outstanding(running, self._rss)
+            if not task_admitted(need, limits.free_bytes, limits.usable_bytes, len(running), outstanding):
                 return None
             return self._hold(need)
 
@@ -108,11 +114,15 @@ class TaskLedger:
                 os.close(fd)
         return [entry for entry in found if entry is not None]
 
+    def _rss(self, pid: int) -> int:
+        """``pid``'s anonymous memory, what its tasks grow (0: gone, or not readable)."""
+        return self._statm.anon_rss(pid) or 0
+
     def _hold(self, need: int) -> RunningTask:
         path = self.folder / f"{os.getpid()}-{next(self._seq)}{TASK_SUFFIX}"
         fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"{os.getpid()} {need} {_rss(os.getpid())}".encode())
+        os.write(fd, f"{os.getpid()} {need} {self._rss(os.getpid())}".encode())
         return RunningTask(path, fd)
 
 
@@ -124,7 +134,7 @@ def _entry(path: Path, text: bytes) -> tuple[int, int, int] | None:
     return pid, need, rss
 
 
-def _outstanding(running: list[tuple[int, int, int]]) -> int:
+def _outstanding(running: list[tuple[int, int, int]], rss_of: Callable[[int], int]) -> int:
     """What the running tasks will still take: per worker, their needs less what it grew by since the first
     started."""
     needs: dict[int, int] = defaultdict(int)
@@ -132,16 +142,9 @@ def _outstanding(running: list[tuple[int, int, int]]) -> int:
     for pid, need, rss in running:
         needs[pid] += need
         start[pid] = min(start.get(pid, rss), rss)
-    return sum(still_to_grow(need, _rss(pid) - start[pid]) for pid, need in needs.items())
+    return sum(still_to_grow(need, rss_of(pid) - start[pid]) for pid, need in needs.items())
 
 
-def _rss(pid: int) -> int:
-    import psutil
-
-    try:
-        return int(psutil.Process(pid).memory_info().rss)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return 0
 
 
 @contextlib.contextmanager

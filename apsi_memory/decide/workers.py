@@ -397,6 +397,13 @@ def task_start_need(chunk: int, input_bytes: int) -> int:
     return max(CHUNKS_PER_TASK * max(0, chunk), 2 * max(0, input_bytes))
 
 
+def task_needs_admission(need: int) -> bool:
+    """Whether a task that will grow its worker by ``need`` bytes waits for admission at all: one of no more than the
+    smallest chunk the library advises (``MIN_CHUNK_BYTES``) starts at once, as the critical reserve holds a few of
+    those, and admission costs each task a reading of the group and of the running tasks."""
+    return need > MIN_CHUNK_BYTES
+
+
 def still_to_grow(need: int, grown: int) -> int:
     """What running tasks that need ``need`` bytes in all will still take, their worker having grown by ``grown``."""
     return max(0, need - max(0, grown))
