@@ -61,7 +61,7 @@ pages have already lowered, so it errs on the side of too little room.
   what we published with, which readers do not count (growth is at least 0), so bytes given back there would be
   placed twice. It publishes nothing while the bytes it would take off (``_unsaid``) stay within ``C``: the
   published figure then stands over ours by at most ``C``, which errs on the safe side; beyond, it publishes.
-  The record's ``held`` may be as old as the full step (``told`` is the newest).
+  The record's ``held`` may be as old as the full step (``tell`` keeps the newest).
 * A fork: the child's entry starts afresh (``ForkMark``), with no slot and no credit; a draw is refused where the
   mark changed, before any state is read. Exit and death free the slot, credit and all, as before.
 * Tight memory, a level other than OK, a placement bigger than ``C``: no credit taken, and every placement takes
@@ -164,6 +164,7 @@ class Siblings(LedgerFile):
         self._statm = Statm(self._root)
         self._parsed = Parsed()
         self._rough: tuple[object, bytes, bytes, SiblingReading] | None = None  # (key, cap, slot), before, after, bound
+        self._buffer = bytearray(FILE_BYTES)  # ``_whole_file``'s
         self._rss: Callable[[int, int], int | None] = (
             self._statm.anon_rss if rss is None else lambda pid, start: rss(pid))
 
@@ -224,10 +225,12 @@ class Siblings(LedgerFile):
             return self._tally(fd, data, own, self.path(key), exact, cap)
         return self._upper_bound(key, cap, fd, data, own)
 
-    def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes, own: int | None) -> SiblingReading:
+    def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes | bytearray,
+                     own: int | None) -> SiblingReading:
         # It depends on the others' records only: while their bytes stay the same (compared in place), so does it.
         rough = self._rough
         if rough is None or rough[0] != (key, cap, own) or not (data.startswith(rough[1]) and data.endswith(rough[2])):
+            data = bytes(data)  # kept in part and parsed: not ``_whole_file``'s buffer, which the next read refills
             cut = FILE_BYTES if own is None else own * SLOT_BYTES
             rough = self._rough = ((key, cap, own), data[:cut], data[cut + SLOT_BYTES:],
                                    self._tally(fd, data, own, self.path(key), False, cap))
@@ -356,12 +359,21 @@ class Siblings(LedgerFile):
             self._size = credit
             if self.on_step is not None:
                 self.on_step("published")
-            return self._upper_bound(key, cap, fd, os.pread(fd, FILE_BYTES, 0), slot)
+            return self._upper_bound(key, cap, fd, self._whole_file(fd), slot)
         except OSError as exc:
             from .reading import SiblingReading
 
             self._give_up(key, exc)
             return SiblingReading()
+
+    def _whole_file(self, fd: int) -> bytes | bytearray:
+        """The ledger file as one ``pread`` of it reads it, into a buffer kept for the purpose: a full step reads it
+        every time, and a fresh 6 KiB bytes object costs several times the read (a short read is copied out)."""
+        buffer = self._buffer
+        if not hasattr(os, "preadv"):  # not on every system (macOS before 11)
+            return os.pread(fd, FILE_BYTES, 0)
+        done = os.preadv(fd, [buffer], 0)
+        return buffer if done == FILE_BYTES else bytes(buffer[:done])
 
     def draw(self, key: str, more: int) -> SiblingReading | None:
         """Take ``more`` bytes of this process's credit in ``key``'s ledger, without a system call, and the siblings
@@ -435,7 +447,11 @@ class Siblings(LedgerFile):
     def own(self) -> Record:
         return self._mine
 
-    def told(self) -> int:
-        """The RAM arrays' bytes last told to ``settle`` or a publish (the record's ``held`` may be older: a
-        credit's placements and frees are not published one by one)."""
-        return self._held
+    def tell(self, held: int) -> None:
+        """Our RAM arrays' total is now ``held`` (the machine's ``Ledger`` says so after each change): published
+        (``settle``) unless it is the total told last, by a publish, a ``settle`` or a draw (which tells its array's
+        bytes ahead), or this process has published nothing yet. (The record's ``held`` may be older than the total
+        told: a credit's placements and frees are not published one by one.)"""
+        key = self._key
+        if key is not None and held != self._held:
+            self.settle(key, held)
