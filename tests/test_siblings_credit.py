@@ -179,3 +179,14 @@ def test_a_full_step_counts_what_the_file_holds_now_not_what_an_earlier_read_hel
     os.truncate(tmp_path / "ledger" / ours.siblings.key, SLOT_BYTES)  # the file now holds our slot only
     kept.append(place(ours, big))
     assert ours.siblings.last.reserved_bytes == 0
+
+
+def test_a_process_entered_in_another_group_while_it_holds_a_credit_is_published_there(two):
+    """A free within the credit publishes nothing (``settle``), but only in the credit's own group: a process that
+    moved to another memory group is entered in that group's ledger at once (``siblings()`` calls ``settle``)."""
+    ours, other = two
+    kept = [place(ours)]  # a credit in our group's ledger
+    assert ours.siblings is not None
+    ours.siblings.settle("reservations-elsewhere", 4 * MiB)
+    assert other.read("reservations-elsewhere").held_bytes == 4 * MiB
+    del kept

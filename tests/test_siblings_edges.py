@@ -356,7 +356,7 @@ time.sleep(60)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_WIPEONFORK is Linux's (elsewhere: getpid)")
 def test_the_fork_mark_sees_a_libc_fork_without_asking_getpid(monkeypatch):
-    """``ForkMark``, which every placement asks (``Siblings._flat``): a child of a C library's fork (no Python
+    """``ForkMark``, which every placement asks (``Siblings._held_slot``): a child of a C library's fork (no Python
     hook runs) is told apart from its parent by a page the kernel zeroed, with ``getpid`` not called (it fails
     here); the parent is still the process that made the mark."""
     import ctypes

@@ -348,7 +348,7 @@ class Siblings(LedgerFile):
         return found
 
     def _reserve_and_read(self, key: str, more: int, held: int, cap: int | None, credit: int) -> SiblingReading:
-        at, mine = self._flat(key), self._mine
+        at, mine = self._held_slot(key), self._mine
         rss = None if at is None else self._rss(self._pid, mine.start)
         if at is None or rss is None:  # the first placement, a check due, another group, a fork, no statm
             self.reserve(key, more, held, credit)
@@ -378,9 +378,9 @@ class Siblings(LedgerFile):
     def draw(self, key: str, more: int) -> SiblingReading | None:
         """Take ``more`` bytes of this process's credit in ``key``'s ledger, without a system call, and the siblings
         as the full step that published the credit read them; None where the credit is short, or where the full
-        step is due (``_flat``: a check of the file, a fork, another group): then the placement takes it."""
+        step is due (``_held_slot``: a check of the file, a fork, another group): then the placement takes it."""
         with self._lock:
-            if more > self._credit or self._last is None or self._flat(key) is None:
+            if more > self._credit or self._last is None or self._held_slot(key) is None:
                 return None
             self._credit -= more
             self._held += more  # told ahead, as a full step publishes it: the array's arrival asks nothing more
@@ -403,13 +403,8 @@ class Siblings(LedgerFile):
         without the credit."""
         return max(0, self._mine.reserved - self._credit - self._unsaid)
 
-    def _flat(self, key: str) -> tuple[int, int] | None:
-        """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: ``_held_slot``'s,
-        and this is the process that opened it (``ForkMark``: no system call) (else None: step by step)."""
-        return self._held_slot(key) if self._mark.same() else None
-
     def _put(self, at: tuple[int, int], reserved: int, held: int, rss: int, credit: int) -> None:
-        """Our record, with ``reserved`` plus ``credit``, ``held`` and ``rss``, straight to our slot (``_flat``'s)."""
+        """Our record, with ``reserved`` plus ``credit``, ``held`` and ``rss``, straight to our slot (``_held_slot``'s)."""
         mine = self._mine
         self._mine = Record(mine.pid, mine.start, reserved + credit, held, rss)
         self._credit, self._unsaid, self._held = credit, 0, held
@@ -422,14 +417,16 @@ class Siblings(LedgerFile):
         stays within its size, nothing is written (``_unsaid``: the module's Credit)."""
         with self._lock:
             try:
-                self._check_fork()  # first: a forked child's record is not its parent's (so no _flat)
-                mine, at = self._mine, self._held_slot(key)
+                self._check_fork()  # first: a forked child's record is not its parent's
                 real = self._real()
                 reserved = min(held, max(0, real - less))
-                if at is not None and self._size and self._unsaid + real - reserved <= self._size:
-                    self._unsaid += real - reserved  # within the credit's size: published later (see Credit)
+                if self._size and key == self._key and self._unsaid + real - reserved <= self._size:
+                    # Within the credit's size: published later (see Credit). Nothing is written, so our slot need
+                    # not be looked at: a check of the file due or a slot lost waits for the next full step.
+                    self._unsaid += real - reserved
                     self._held = held
                     return
+                mine, at = self._mine, self._held_slot(key)
                 credit = self._credit if key == self._key else 0
                 if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
                     self._put(at, reserved, held, mine.rss, credit)
