@@ -338,8 +338,8 @@ class Siblings(LedgerFile):
         """A placement's two steps, in this order: ``reserve(key, more, held, credit)``, then ``read(key,
         exact=False, cap=cap)``; published before read, so of two placements at once at least one sees the other.
         Where this process's slot in ``key``'s file is held and not due for its check (every placement but the
-        first of each second), flat: one ``statm`` read, one ``pwrite``, one ``pread``, and no ``getpid`` (issue
-        29). The reading is kept for the placements that draw on ``credit`` (``draw``)."""
+        first of each second), flat: one ``statm`` read, one ``pwrite``, one ``preadv`` (``_whole_file``), and no
+        ``getpid`` (issue 29). The reading is kept for the placements that draw on ``credit`` (``draw``)."""
         with self._lock:
             self._last = self._reserve_and_read(key, more, held, cap, credit)
             found = self._last
