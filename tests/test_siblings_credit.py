@@ -190,3 +190,16 @@ def test_a_process_entered_in_another_group_while_it_holds_a_credit_is_published
     ours.siblings.settle("reservations-elsewhere", 4 * MiB)
     assert other.read("reservations-elsewhere").held_bytes == 4 * MiB
     del kept
+
+
+def test_a_credit_is_given_up_once_memory_turns_tight(two):
+    """A credit taken with room to spare is given up by the first placement after which the room holds under 4
+    credits: the placements after it take the full step again."""
+    ours, _ = two
+    kept = [place(ours)]  # the credit, taken with room
+    ours.budget("40MB")  # now the room after a 2 MiB placement is under 4 credits
+    seen = steps(ours)
+    kept.append(place(ours))  # drawn on the credit, which it then gives up
+    assert seen == []
+    kept.append(place(ours))
+    assert seen == ["published", "read"]

@@ -152,21 +152,28 @@ class Machine:
         that fits in this process's credit draws on it instead, and takes the siblings as the full step that
         published the credit read them (``Siblings.draw``: why that is safe). Where the room after the placement
         holds under ``CREDIT_ROOM`` credits, what is left of the credit is given up: memory is tight, and every
-        placement takes the full step."""
-        usable, key = reading.usable, group_key(reading)
-        size = min(CREDIT_MAX, usable // 256)  # the credit's size
+        placement takes the full step (with no credit taken, there is nothing to give up)."""
+        key = group_key(reading)
         others = siblings.draw(key, reserving) if level is Level.OK else None
         if others is None:
-            # Only beside a placement no bigger than the credit (a bigger one costs far more than its ledger step,
-            # and stays decided as before, with nothing reserved beside it), and only where it left room with the
-            # siblings as last read (and after this reading: taken back below where it does not).
-            credit = size if level is Level.OK and reserving <= size and self._roomy(
-                self._room(reading, siblings.last or _no_siblings()), reserving, size) else 0
-            others = siblings.reserve_and_read(key, reserving, self.ledger.held() + reserving, usable, credit)
+            others = self._full_step(siblings, reading, key, reserving, level)
         room = self._room(reading, others)
-        if not self._roomy(room, reserving, size):
+        size = siblings.credit_size
+        if size and not self._roomy(room, reserving, size):
             siblings.revoke()
         return room
+
+    def _full_step(self, siblings: Siblings, reading: MemoryReading, key: str, reserving: int,
+                   level: Level) -> SiblingReading:
+        """Publish ``reserving``, with a credit on top where there is room for it, then read the siblings."""
+        usable = reading.usable
+        size = min(CREDIT_MAX, usable // 256)  # the credit's size
+        # Only beside a placement no bigger than the credit (a bigger one costs far more than its ledger step, and
+        # stays decided as before, with nothing reserved beside it), and only where it left room with the siblings
+        # as last read (and after this reading: ``_placing`` takes it back where it does not).
+        credit = size if level is Level.OK and reserving <= size and self._roomy(
+            self._room(reading, siblings.last or _no_siblings()), reserving, size) else 0
+        return siblings.reserve_and_read(key, reserving, self.ledger.held() + reserving, usable, credit)
 
     def _roomy(self, room: Room, reserving: int, size: int) -> bool:
         """Whether the room after placing ``reserving`` still holds ``CREDIT_ROOM`` credits, every RAM array we

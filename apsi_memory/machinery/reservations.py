@@ -387,6 +387,11 @@ class Siblings(LedgerFile):
             return self._last
 
     @property
+    def credit_size(self) -> int:
+        """The credit the last full step of a placement took (0: none, or given up since)."""
+        return self._size
+
+    @property
     def last(self) -> SiblingReading | None:
         """The siblings as the last full step of a placement read them (None before one)."""
         return self._last
