@@ -156,24 +156,28 @@ class Machine:
         key = group_key(reading)
         others = siblings.draw(key, reserving) if level is Level.OK else None
         if others is None:
-            others = self._full_step(siblings, reading, key, reserving, level)
-        room = self._room(reading, others)
+            others, room = self._full_step(siblings, reading, key, reserving, level)
+        else:
+            room = self._room(reading, others)
         size = siblings.credit_size
         if size and not self._roomy(room, reserving, size):
             siblings.revoke()
         return room
 
     def _full_step(self, siblings: Siblings, reading: MemoryReading, key: str, reserving: int,
-                   level: Level) -> SiblingReading:
-        """Publish ``reserving``, with a credit on top where there is room for it, then read the siblings."""
-        usable = reading.usable
+                   level: Level) -> tuple[SiblingReading, Room]:
+        """Publish ``reserving``, with a credit on top where there is room for it, then read the siblings; what
+        they hold, and the room."""
+        usable, last = reading.usable, siblings.last or _no_siblings()
         size = min(CREDIT_MAX, usable // 256)  # the credit's size
+        before = self._room(reading, last)
         # Only beside a placement no bigger than the credit (a bigger one costs far more than its ledger step, and
         # stays decided as before, with nothing reserved beside it), and only where it left room with the siblings
         # as last read (and after this reading: ``_placing`` takes it back where it does not).
-        credit = size if level is Level.OK and reserving <= size and self._roomy(
-            self._room(reading, siblings.last or _no_siblings()), reserving, size) else 0
-        return siblings.reserve_and_read(key, reserving, self.ledger.held() + reserving, usable, credit)
+        credit = size if level is Level.OK and reserving <= size and self._roomy(before, reserving, size) else 0
+        others = siblings.reserve_and_read(key, reserving, self.ledger.held() + reserving, usable, credit)
+        # The same reading object: their records are as they were (``Siblings._upper_bound``), so is the room.
+        return others, before if others is last else self._room(reading, others)
 
     def _roomy(self, room: Room, reserving: int, size: int) -> bool:
         """Whether the room after placing ``reserving`` still holds ``CREDIT_ROOM`` credits, every RAM array we
