@@ -107,6 +107,8 @@ def test_levels_compare_with_strings_and_print_plainly() -> None:
     assert f"{Level.CRITICAL}" == "critical" and str(Level.OK) == "ok"
     with pytest.raises(ValueError, match="unknown pressure level 'hihg'"):
         Level.parse("hihg")
+    with pytest.raises(ValueError, match="unknown pressure level 'hihg'"):  # a level is looked up, a string parsed
+        assert Level.HIGH >= "hihg"
 
 
 def test_default_budget_is_70_percent_of_free_counting_back_our_own_arrays() -> None:

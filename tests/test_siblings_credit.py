@@ -17,6 +17,7 @@ import sim.tree
 from apsi_memory import Machine
 from apsi_memory.machinery import ledger_file
 from apsi_memory.machinery.reservations import Siblings
+from apsi_memory.machinery.slots import SLOT_BYTES
 from sim.clock import FakeClock
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -61,13 +62,13 @@ def published(ours: Machine, other: Siblings) -> int:
 
 
 class Calls:
-    """Counts the ledger's system calls: ``os.pread`` and ``os.pwrite`` on its file or on a ``statm`` (the memory
-    reading's own, of the cgroup's files, are not the ledger's)."""
+    """Counts the ledger's system calls: ``os.pread``, ``os.preadv`` and ``os.pwrite`` on its file or on a ``statm``
+    (the memory reading's own, of the cgroup's files, are not the ledger's)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
         self.count = 0
         self.folder = str(folder)
-        for name in ("pread", "pwrite"):
+        for name in ("pread", "preadv", "pwrite"):
             monkeypatch.setattr(os, name, self._counting(getattr(os, name)))
 
     def _counting(self, real):  # type: ignore[no-untyped-def]
@@ -163,3 +164,42 @@ def test_a_full_step_before_the_credit_is_spent_takes_a_fresh_one_instead_of_add
     assert seen.count("published") == 5
     assert published(ours, other) == 5 * ARRAY + C
     del kept
+
+
+def test_a_full_step_counts_what_the_file_holds_now_not_what_an_earlier_read_held(two, tmp_path):
+    """A full step reads the file into a buffer it keeps (a fresh 6 KiB bytes object costs more than the read):
+    a sibling's record cut off the file since the last read is not counted from the buffer's old bytes."""
+    ours, other = two
+    kept = [place(ours)]  # our slot (the first), and the key
+    assert ours.siblings is not None and ours.siblings.key is not None
+    other.publish(ours.siblings.key, 64 * MiB, 64 * MiB)  # the sibling's record, in the next slot
+    big = 2 * C  # bigger than the credit: every placement takes the full step
+    kept.append(place(ours, big))
+    assert ours.siblings.last is not None and ours.siblings.last.reserved_bytes == 64 * MiB
+    os.truncate(tmp_path / "ledger" / ours.siblings.key, SLOT_BYTES)  # the file now holds our slot only
+    kept.append(place(ours, big))
+    assert ours.siblings.last.reserved_bytes == 0
+
+
+def test_a_process_entered_in_another_group_while_it_holds_a_credit_is_published_there(two):
+    """A free within the credit publishes nothing (``settle``), but only in the credit's own group: a process that
+    moved to another memory group is entered in that group's ledger at once (``siblings()`` calls ``settle``)."""
+    ours, other = two
+    kept = [place(ours)]  # a credit in our group's ledger
+    assert ours.siblings is not None
+    ours.siblings.settle("reservations-elsewhere", 4 * MiB)
+    assert other.read("reservations-elsewhere").held_bytes == 4 * MiB
+    del kept
+
+
+def test_a_credit_is_given_up_once_memory_turns_tight(two):
+    """A credit taken with room to spare is given up by the first placement after which the room holds under 4
+    credits: the placements after it take the full step again."""
+    ours, _ = two
+    kept = [place(ours)]  # the credit, taken with room
+    ours.budget("40MB")  # now the room after a 2 MiB placement is under 4 credits
+    seen = steps(ours)
+    kept.append(place(ours))  # drawn on the credit, which it then gives up
+    assert seen == []
+    kept.append(place(ours))
+    assert seen == ["published", "read"]

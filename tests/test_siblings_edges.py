@@ -297,12 +297,12 @@ def test_of_two_placements_at_once_at_least_one_sees_the_other_on_the_flat_path(
     assert done and "SSD" in (mine, done[0])
 
 
-@pytest.mark.parametrize("call", ["pread", "pwrite"])
+@pytest.mark.parametrize("call", ["pread", "preadv", "pwrite"])
 def test_a_ledger_error_on_the_flat_path_places_as_with_no_siblings_after_one_warning(tmp_path, monkeypatch, caplog,
                                                                                       call):
     """The rule of ``test_a_ledger_error_places_as_with_no_siblings_after_one_warning`` where the placement takes
-    the flat path of ``reserve_and_read``: its ledger ``pread`` (or ``pwrite``) fails with EIO. Before: a NameError
-    out of ``memory.array`` on that path's ``except OSError``."""
+    the flat path of ``reserve_and_read``: its ledger read (``preadv`` into its buffer; ``pread`` elsewhere) or
+    ``pwrite`` fails with EIO. Before: a NameError out of ``memory.array`` on that path's ``except OSError``."""
     ours, other = flat(tmp_path, monkeypatch)
     assert place(other) == "RAM"  # a sibling holds 1.8 GiB it has not written: working, ours would go to the SSD
     monkeypatch.setattr(reservations, "os", Faulty(os, call, errno.EIO))  # the ledger's calls (statm's are slots')
@@ -356,7 +356,7 @@ time.sleep(60)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_WIPEONFORK is Linux's (elsewhere: getpid)")
 def test_the_fork_mark_sees_a_libc_fork_without_asking_getpid(monkeypatch):
-    """``ForkMark``, which every placement asks (``Siblings._flat``): a child of a C library's fork (no Python
+    """``ForkMark``, which every placement asks (``Siblings._held_slot``): a child of a C library's fork (no Python
     hook runs) is told apart from its parent by a page the kernel zeroed, with ``getpid`` not called (it fails
     here); the parent is still the process that made the mark."""
     import ctypes

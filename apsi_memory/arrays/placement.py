@@ -215,13 +215,12 @@ def _decide(nbytes: int, level: Level, room: Room, held: int) -> tuple[Place, Re
     def left(unwritten: int) -> int:
         return budget_left(room.budget_bytes, held, room.free_bytes, unwritten)
 
-    if place(nbytes, left(0), level) is Place.SSD:
-        unwritten = 0
-    elif place(nbytes, left(held), level) is Place.RAM:
-        unwritten = held
-    else:
-        unwritten = held - _resident_in_ram()
-    return place(nbytes, left(unwritten), level), Reason(nbytes, left(unwritten), room.budget_bytes, level)
+    found = left(0)  # every array of ours written: the most that can be left
+    if held and place(nbytes, found, level) is Place.RAM:  # (holding nothing, none is unwritten: that is all)
+        found = left(held)  # none written
+        if place(nbytes, found, level) is Place.SSD:
+            found = left(held - _resident_in_ram())
+    return place(nbytes, found, level), Reason(nbytes, found, room.budget_bytes, level)
 
 
 def ram_entries(ledger: Ledger | None = None) -> list[_Tracked]:

@@ -75,22 +75,29 @@ class Level(_Choice):
             raise ArgumentError(f"unknown pressure level {value!r}; use one of {names}") from None
 
     def __lt__(self, other: object) -> bool:
-        return self.rank < Level.parse(other).rank  # type: ignore[arg-type]
+        return _RANK[self] < _rank_of(other)
 
     def __le__(self, other: object) -> bool:
-        return self.rank <= Level.parse(other).rank  # type: ignore[arg-type]
+        return _RANK[self] <= _rank_of(other)
 
     def __gt__(self, other: object) -> bool:
-        return self.rank > Level.parse(other).rank  # type: ignore[arg-type]
+        return _RANK[self] > _rank_of(other)
 
     def __ge__(self, other: object) -> bool:
-        return self.rank >= Level.parse(other).rank  # type: ignore[arg-type]
+        return _RANK[self] >= _rank_of(other)
 
     __hash__ = str.__hash__
 
 
 _RANK = {Level.OK: 0, Level.MODERATE: 1, Level.HIGH: 2, Level.CRITICAL: 3}
+
 LEVELS = (Level.OK, Level.MODERATE, Level.HIGH, Level.CRITICAL)
+
+
+def _rank_of(other: object) -> int:
+    """A level's rank at once (every placement compares levels; ``Level(value)`` goes through the enum machinery),
+    a plain string's once it is parsed (an unknown one is an ``ArgumentError``)."""
+    return _RANK[other] if isinstance(other, Level) else Level.parse(other).rank  # type: ignore[arg-type]
 
 
 class Thresholds(NamedTuple):

@@ -12,6 +12,7 @@ import time
 
 from ..logs import logger
 from ..system import trust
+from ..system.once import ForkMark
 from .ledger_folders import LOG, candidate_dirs, open_folder
 from .ledger_life import close_in_children, leave_at_exit
 from .slots import FILE_BYTES, FREE, SLOT_BYTES, SLOTS, Record, lock, names, pack_record, remove_if_unused, unlock
@@ -21,9 +22,11 @@ CHECK_EVERY = 1.0  # seconds: how often a process holding a slot asks whether it
 
 class LedgerFile:
     """The file side of a ledger entry. ``directories``: where to look for a safe folder (default
-    ``candidate_dirs()``); ``_mine`` is the record this entry publishes (``Siblings`` keeps it)."""
+    ``candidate_dirs()``); ``_mine`` is the record this entry publishes and ``_mark`` the mark of the process that
+    opened its files (``Siblings`` keeps both)."""
 
     _mine: Record
+    _mark: ForkMark
 
     def __init__(self, directories: list[str] | None) -> None:
         self._directories = directories
@@ -144,11 +147,13 @@ class LedgerFile:
             fd = self._open(key, self._folder) if isinstance(self._folder, tuple) else None
 
     def _held_slot(self, key: str) -> tuple[int, int] | None:
-        """The file and slot this process holds in ``key``'s ledger while the file is not due for its check."""
+        """The file and slot this process holds in ``key``'s ledger while the file is not due for its check, where
+        a publish may go straight to it; None in a forked child (``ForkMark``: no system call), whose copies of
+        them are its parent's."""
         known, slot = self._files.get(key), self._slot
         if known is None or slot is None or key != self._key or time.monotonic() >= self._check_at:
             return None
-        return known[0], slot
+        return (known[0], slot) if self._mark.same() else None
 
     def _claimed(self, key: str, fd: int) -> bool:
         """Hold a slot: a free one, or one whose owner died (the kernel dropped its lock)."""

@@ -85,7 +85,7 @@ class Machine:
             siblings = shared() if os.path.realpath(self.reader.root) == "/" else None
         self.siblings: Siblings | None = siblings or None
         # The ledger tells the siblings of a change through them, not through the machine: no reference cycle.
-        self.ledger = Ledger(None if self.siblings is None else partial(_publish_held, self.siblings))
+        self.ledger = Ledger(None if self.siblings is None else self.siblings.tell)
         self.components = Components()
         # The tracker holds the reader, not the machine: no cycle, so a dropped machine closes its files at once.
         self.tracker = LevelTracker(partial(_measure_level, self.reader), self.clock, self.components.notify,
@@ -142,34 +142,42 @@ class Machine:
             level = self.tracker.level
         else:  # published (and told to the components) before the budget is read, as current_level() then limits()
             level = self.tracker.publish(due[0], level_from(reading, due[1]))
-        others = self._placing(reading, reserving, level)
         self._last = reading
-        room = self._room(reading, others)
-        if reserving and self.siblings is not None and not self._roomy(room, reserving, _credit_size(reading)):
-            self.siblings.revoke()  # memory is tight: every placement takes the full step
-        return level, room
+        if reserving and self.siblings is not None:
+            return level, self._placing(self.siblings, reading, reserving, level)
+        return level, self._room(reading, self.sibling_reading(reading))
 
-    def _placing(self, reading: MemoryReading, reserving: int, level: Level) -> SiblingReading:
-        """Publish ``reserving`` (if any), then read the siblings: exactly, or as an upper bound after publishing.
-        A placement that fits in this process's credit draws on it instead, and takes the siblings as the full step
-        that published the credit read them (``Siblings.draw``: why that is safe)."""
-        if self.siblings is None:
-            return _no_siblings()
+    def _placing(self, siblings: Siblings, reading: MemoryReading, reserving: int, level: Level) -> Room:
+        """The room for placing ``reserving`` bytes: published, then the siblings read as an upper bound. A placement
+        that fits in this process's credit draws on it instead, and takes the siblings as the full step that
+        published the credit read them (``Siblings.draw``: why that is safe). Where the room after the placement
+        holds under ``CREDIT_ROOM`` credits, what is left of the credit is given up: memory is tight, and every
+        placement takes the full step (with no credit taken, there is nothing to give up)."""
         key = group_key(reading)
-        if not reserving:
-            return self.siblings.read(key, cap=reading.usable)
-        if level is Level.OK:
-            drawn = self.siblings.draw(key, reserving)
-            if drawn is not None:
-                return drawn
-        size = _credit_size(reading)
+        others = siblings.draw(key, reserving) if level is Level.OK else None
+        if others is None:
+            others, room = self._full_step(siblings, reading, key, reserving, level)
+        else:
+            room = self._room(reading, others)
+        size = siblings.credit_size
+        if size and not self._roomy(room, reserving, size):
+            siblings.revoke()
+        return room
+
+    def _full_step(self, siblings: Siblings, reading: MemoryReading, key: str, reserving: int,
+                   level: Level) -> tuple[SiblingReading, Room]:
+        """Publish ``reserving``, with a credit on top where there is room for it, then read the siblings; what
+        they hold, and the room."""
+        usable, last = reading.usable, siblings.last or _no_siblings()
+        size = min(CREDIT_MAX, usable // 256)  # the credit's size
+        before = self._room(reading, last)
         # Only beside a placement no bigger than the credit (a bigger one costs far more than its ledger step, and
         # stays decided as before, with nothing reserved beside it), and only where it left room with the siblings
-        # as last read (and after this reading: ``level_and_room`` takes it back where it does not).
-        last = self.siblings.last or _no_siblings()
-        credit = size if level is Level.OK and reserving <= size and self._roomy(
-            self._room(reading, last), reserving, size) else 0
-        return self.siblings.reserve_and_read(key, reserving, self.ledger.held() + reserving, reading.usable, credit)
+        # as last read (and after this reading: ``_placing`` takes it back where it does not).
+        credit = size if level is Level.OK and reserving <= size and self._roomy(before, reserving, size) else 0
+        others = siblings.reserve_and_read(key, reserving, self.ledger.held() + reserving, usable, credit)
+        # The same reading object: their records are as they were (``Siblings._upper_bound``), so is the room.
+        return others, before if others is last else self._room(reading, others)
 
     def _roomy(self, room: Room, reserving: int, size: int) -> bool:
         """Whether the room after placing ``reserving`` still holds ``CREDIT_ROOM`` credits, every RAM array we
@@ -184,7 +192,8 @@ class Machine:
         return self._room(reading, self.sibling_reading(reading))
 
     def _room(self, reading: MemoryReading, others: SiblingReading) -> Room:
-        return Room(self._budget_bytes(reading, others), reading.free - others.reserved_bytes, others.processes)
+        free = reading.free  # a property that reads five more: taken once
+        return Room(self._budget_bytes(reading, others, free), free - others.reserved_bytes, others.processes)
 
     def _limits(self, reading: MemoryReading, others: SiblingReading) -> Limits:
         from .reading import limits_from
@@ -258,31 +267,21 @@ class Machine:
             except SizeError as exc:
                 raise SizeError(f"{BUDGET_ENV}: {exc}") from None
         others = self.sibling_reading(reading) if others is None else others
-        bytes_ = self._shared_budget(reading, others)
+        bytes_ = self._shared_budget(reading.free, others)
         if not (others.active or others.reserved_bytes):
             return Budget(bytes_, "70 % of free")
         return Budget(bytes_, f"70 % of free less {fmt_size(others.reserved_bytes)} reserved by siblings, shared by "
                               f"{others.active + 1} processes", others.reserved_bytes)
 
-    def _budget_bytes(self, reading: MemoryReading, others: SiblingReading) -> int:
+    def _budget_bytes(self, reading: MemoryReading, others: SiblingReading, free: int) -> int:
         """``budget_from(reading, others).bytes``, without the words of its source where it is the default (a
-        placement needs the number, and with siblings the words cost a formatted size)."""
+        placement needs the number, and with siblings the words cost a formatted size); ``free``: ``reading``'s."""
         if self.budget_set is None and not os.environ.get(BUDGET_ENV):
-            return self._shared_budget(reading, others)
+            return self._shared_budget(free, others)
         return self.budget_from(reading, others).bytes
 
-    def _shared_budget(self, reading: MemoryReading, others: SiblingReading) -> int:
-        return shared_budget(reading.free, self.ledger.held(), others.reserved_bytes, others.active + 1)
-
-
-def _credit_size(reading: MemoryReading) -> int:
-    return min(CREDIT_MAX, reading.usable // 256)
-
-
-def _publish_held(siblings: Siblings, held: int) -> None:
-    """Our RAM arrays' total changed: publish it, with what is unwritten (at most all of it)."""
-    if siblings.key is not None and held != siblings.told():
-        siblings.settle(siblings.key, held)
+    def _shared_budget(self, free: int, others: SiblingReading) -> int:
+        return shared_budget(free, self.ledger.held(), others.reserved_bytes, others.active + 1)
 
 
 def _warn_above_usable(budget_bytes: int, usable: int, given: float | str) -> None:

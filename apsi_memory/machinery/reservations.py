@@ -61,7 +61,7 @@ pages have already lowered, so it errs on the side of too little room.
   what we published with, which readers do not count (growth is at least 0), so bytes given back there would be
   placed twice. It publishes nothing while the bytes it would take off (``_unsaid``) stay within ``C``: the
   published figure then stands over ours by at most ``C``, which errs on the safe side; beyond, it publishes.
-  The record's ``held`` may be as old as the full step (``told`` is the newest).
+  The record's ``held`` may be as old as the full step (``tell`` keeps the newest).
 * A fork: the child's entry starts afresh (``ForkMark``), with no slot and no credit; a draw is refused where the
   mark changed, before any state is read. Exit and death free the slot, credit and all, as before.
 * Tight memory, a level other than OK, a placement bigger than ``C``: no credit taken, and every placement takes
@@ -164,6 +164,7 @@ class Siblings(LedgerFile):
         self._statm = Statm(self._root)
         self._parsed = Parsed()
         self._rough: tuple[object, bytes, bytes, SiblingReading] | None = None  # (key, cap, slot), before, after, bound
+        self._buffer = bytearray(FILE_BYTES)  # ``_whole_file``'s
         self._rss: Callable[[int, int], int | None] = (
             self._statm.anon_rss if rss is None else lambda pid, start: rss(pid))
 
@@ -224,10 +225,12 @@ class Siblings(LedgerFile):
             return self._tally(fd, data, own, self.path(key), exact, cap)
         return self._upper_bound(key, cap, fd, data, own)
 
-    def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes, own: int | None) -> SiblingReading:
+    def _upper_bound(self, key: str, cap: int | None, fd: int, data: bytes | bytearray,
+                     own: int | None) -> SiblingReading:
         # It depends on the others' records only: while their bytes stay the same (compared in place), so does it.
         rough = self._rough
         if rough is None or rough[0] != (key, cap, own) or not (data.startswith(rough[1]) and data.endswith(rough[2])):
+            data = bytes(data)  # kept in part and parsed: not ``_whole_file``'s buffer, which the next read refills
             cut = FILE_BYTES if own is None else own * SLOT_BYTES
             rough = self._rough = ((key, cap, own), data[:cut], data[cut + SLOT_BYTES:],
                                    self._tally(fd, data, own, self.path(key), False, cap))
@@ -335,8 +338,8 @@ class Siblings(LedgerFile):
         """A placement's two steps, in this order: ``reserve(key, more, held, credit)``, then ``read(key,
         exact=False, cap=cap)``; published before read, so of two placements at once at least one sees the other.
         Where this process's slot in ``key``'s file is held and not due for its check (every placement but the
-        first of each second), flat: one ``statm`` read, one ``pwrite``, one ``pread``, and no ``getpid`` (issue
-        29). The reading is kept for the placements that draw on ``credit`` (``draw``)."""
+        first of each second), flat: one ``statm`` read, one ``pwrite``, one ``preadv`` (``_whole_file``), and no
+        ``getpid`` (issue 29). The reading is kept for the placements that draw on ``credit`` (``draw``)."""
         with self._lock:
             self._last = self._reserve_and_read(key, more, held, cap, credit)
             found = self._last
@@ -345,7 +348,7 @@ class Siblings(LedgerFile):
         return found
 
     def _reserve_and_read(self, key: str, more: int, held: int, cap: int | None, credit: int) -> SiblingReading:
-        at, mine = self._flat(key), self._mine
+        at, mine = self._held_slot(key), self._mine
         rss = None if at is None else self._rss(self._pid, mine.start)
         if at is None or rss is None:  # the first placement, a check due, another group, a fork, no statm
             self.reserve(key, more, held, credit)
@@ -356,23 +359,37 @@ class Siblings(LedgerFile):
             self._size = credit
             if self.on_step is not None:
                 self.on_step("published")
-            return self._upper_bound(key, cap, fd, os.pread(fd, FILE_BYTES, 0), slot)
+            return self._upper_bound(key, cap, fd, self._whole_file(fd), slot)
         except OSError as exc:
             from .reading import SiblingReading
 
             self._give_up(key, exc)
             return SiblingReading()
 
+    def _whole_file(self, fd: int) -> bytes | bytearray:
+        """The ledger file as one ``pread`` of it reads it, into a buffer kept for the purpose: a full step reads it
+        every time, and a fresh 6 KiB bytes object costs several times the read (a short read is copied out)."""
+        buffer = self._buffer
+        if not hasattr(os, "preadv"):  # not on every system (macOS before 11)
+            return os.pread(fd, FILE_BYTES, 0)
+        done = os.preadv(fd, [buffer], 0)
+        return buffer if done == FILE_BYTES else bytes(buffer[:done])
+
     def draw(self, key: str, more: int) -> SiblingReading | None:
         """Take ``more`` bytes of this process's credit in ``key``'s ledger, without a system call, and the siblings
         as the full step that published the credit read them; None where the credit is short, or where the full
-        step is due (``_flat``: a check of the file, a fork, another group): then the placement takes it."""
+        step is due (``_held_slot``: a check of the file, a fork, another group): then the placement takes it."""
         with self._lock:
-            if more > self._credit or self._last is None or self._flat(key) is None:
+            if more > self._credit or self._last is None or self._held_slot(key) is None:
                 return None
             self._credit -= more
             self._held += more  # told ahead, as a full step publishes it: the array's arrival asks nothing more
             return self._last
+
+    @property
+    def credit_size(self) -> int:
+        """The credit the last full step of a placement took (0: none, or given up since)."""
+        return self._size
 
     @property
     def last(self) -> SiblingReading | None:
@@ -391,13 +408,8 @@ class Siblings(LedgerFile):
         without the credit."""
         return max(0, self._mine.reserved - self._credit - self._unsaid)
 
-    def _flat(self, key: str) -> tuple[int, int] | None:
-        """Our slot's file and slot in ``key``'s ledger where a publish may go straight to it: ``_held_slot``'s,
-        and this is the process that opened it (``ForkMark``: no system call) (else None: step by step)."""
-        return self._held_slot(key) if self._mark.same() else None
-
     def _put(self, at: tuple[int, int], reserved: int, held: int, rss: int, credit: int) -> None:
-        """Our record, with ``reserved`` plus ``credit``, ``held`` and ``rss``, straight to our slot (``_flat``'s)."""
+        """Our record, with ``reserved`` plus ``credit``, ``held`` and ``rss``, straight to our slot (``_held_slot``'s)."""
         mine = self._mine
         self._mine = Record(mine.pid, mine.start, reserved + credit, held, rss)
         self._credit, self._unsaid, self._held = credit, 0, held
@@ -410,14 +422,16 @@ class Siblings(LedgerFile):
         stays within its size, nothing is written (``_unsaid``: the module's Credit)."""
         with self._lock:
             try:
-                self._check_fork()  # first: a forked child's record is not its parent's (so no _flat)
-                mine, at = self._mine, self._held_slot(key)
+                self._check_fork()  # first: a forked child's record is not its parent's
                 real = self._real()
                 reserved = min(held, max(0, real - less))
-                if at is not None and self._size and self._unsaid + real - reserved <= self._size:
-                    self._unsaid += real - reserved  # within the credit's size: published later (see Credit)
+                if self._size and key == self._key and self._unsaid + real - reserved <= self._size:
+                    # Within the credit's size: published later (see Credit). Nothing is written, so our slot need
+                    # not be looked at: a check of the file due or a slot lost waits for the next full step.
+                    self._unsaid += real - reserved
                     self._held = held
                     return
+                mine, at = self._mine, self._held_slot(key)
                 credit = self._credit if key == self._key else 0
                 if at is not None and mine.reserved:  # a freed array's bytes, straight to our slot (one pwrite)
                     self._put(at, reserved, held, mine.rss, credit)
@@ -435,7 +449,11 @@ class Siblings(LedgerFile):
     def own(self) -> Record:
         return self._mine
 
-    def told(self) -> int:
-        """The RAM arrays' bytes last told to ``settle`` or a publish (the record's ``held`` may be older: a
-        credit's placements and frees are not published one by one)."""
-        return self._held
+    def tell(self, held: int) -> None:
+        """Our RAM arrays' total is now ``held`` (the machine's ``Ledger`` says so after each change): published
+        (``settle``) unless it is the total told last, by a publish, a ``settle`` or a draw (which tells its array's
+        bytes ahead), or this process has published nothing yet. (The record's ``held`` may be older than the total
+        told: a credit's placements and frees are not published one by one.)"""
+        key = self._key
+        if key is not None and held != self._held:
+            self.settle(key, held)
