@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,4 +186,22 @@ def test_the_input_is_checked_for_free_without_a_lookup_per_piece(cache_64k: Sim
         monkeypatch.setattr(placement, name, counted(getattr(placement, name)))
     y, seen = spans_seen(lambda b: b * 2.0)
     assert len(seen) > 1000 and lookups[0] <= 2
+    assert y.tobytes() == (X * 2.0).tobytes()
+
+
+def test_each_piece_s_result_is_let_go_before_fn_runs_on_the_next(cache_64k: SimTree) -> None:
+    """A result kept alive while ``fn`` makes the next one put that one's temporaries at the top of ``malloc``'s
+    heap, given back to the kernel and faulted in again: 5,400 page faults a 512 MiB ``map`` of ``b * 2.0 + 1.0``
+    against 44. One result at a time reuses the same cached memory for every piece."""
+    results: list[weakref.ref[np.ndarray]] = []
+    alive_at_call: list[int] = []
+
+    def doubled(b: np.ndarray) -> np.ndarray:
+        alive_at_call.append(sum(ref() is not None for ref in results))
+        result = b * 2.0
+        results.append(weakref.ref(result))
+        return result
+
+    y = memory.map(doubled, X, workers=1)
+    assert len(alive_at_call) > 1000 and max(alive_at_call) == 0
     assert y.tobytes() == (X * 2.0).tobytes()

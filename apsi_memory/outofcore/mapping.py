@@ -53,7 +53,6 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -251,10 +250,16 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
         if out is None:
             return
         check_like(head, out, spans, index, first)  # even when stopping: an earlier block's error wins
-        for span, result in chain([(first, head)], piece_results(fn, array, spans, index, rest, out)):
-            not_freed(index, span)
-            if not stop.stopping:
-                out[span[0]:span[1]] = result  # written while the piece is still in the cache
+        write(index, first, head, out)
+        del head
+        for span, result in piece_results(fn, array, spans, index, rest, out):
+            write(index, span, result, out)
+            del result  # freed before fn runs on the next piece: see piece_results
+
+    def write(index: int, span: Span, result: np.ndarray, out: np.ndarray) -> None:
+        not_freed(index, span)
+        if not stop.stopping:
+            out[span[0]:span[1]] = result  # written while the piece is still in the cache
 
     def prepare(index: int) -> None:
         inputs.read_ahead(*spans[index])
