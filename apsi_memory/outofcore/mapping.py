@@ -11,12 +11,13 @@ How it runs
   block waits for it to be handed out.
 * What ``fn`` sees: with ``rows`` given, exactly the blocks of ``rows`` rows (the last one shorter), so a
   function of the whole block (a normalisation by the block's mean) gets what it asked for. Without ``rows``, or
-  with ``rowwise=True``, ``fn`` is called on consecutive pieces of each block, a quarter of a core's own cache
-  each (``rules.piece_rows``: its level-2 cache from sysfs, 1 MiB where sysfs does not say; 8,192 rows of 32 bytes
-  on a 1 MiB cache), one after another by the block's thread, and each piece's result is written into the output
-  at once: the piece, its temporaries and its result stay in the cache, so a light function reads the input and
-  writes the output once each instead of streaming every temporary through memory (measured in
-  ``benchmarks/bench_map_speed.py``). Whether ``fn`` needs its whole block cannot be told from outside, so it is
+  with ``rowwise=True``, ``fn`` is called on consecutive pieces of each block, each the size of a core's own
+  cache (``rules.piece_rows``: its level-2 cache from sysfs, 1 MiB where sysfs does not say; 32,768 rows of 32
+  bytes on a 1 MiB cache), one after another by the block's thread, and each piece's result is written into the
+  output at once (and let go before the next piece, so ``malloc`` reuses the same memory for every piece's
+  temporaries): the piece, its temporaries and its result stay in the chip's caches, so a light function reads
+  the input and writes the output once each instead of streaming every temporary through memory, and a piece
+  costs little enough Python for two threads (measured in ``benchmarks/bench_map_speed.py``). Whether ``fn`` needs its whole block cannot be told from outside, so it is
   the caller who says: ``rows`` (or ``rowwise=False``) for a function of the block, ``rowwise=True`` with
   ``rows`` for a row-by-row function whose blocks should stay ``rows`` for reading and progress. The block stays
   the unit of reading ahead, releasing and the progress bar either way.
@@ -113,7 +114,7 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
 
 
 def _piece(array: np.ndarray) -> int:
-    """Rows per piece for ``array``'s rows: a quarter of a core's cache (``rules.piece_rows``)."""
+    """Rows per piece for ``array``'s rows: a core's cache of them (``rules.piece_rows``)."""
     row_bytes = int(np.prod(array.shape[1:], dtype=np.int64)) * array.itemsize
     return piece_rows(row_bytes, machine().cache_bytes())
 
