@@ -9,12 +9,13 @@ moment of a loaded machine hits every way alike:
   the NumPy expression on the whole array, a one-thread loop over ``map``'s blocks (8 MiB; ``fn`` on whole
   blocks, whose 8 MiB temporaries ``malloc`` maps and unmaps: 64,000 page faults a call), the same loop in
   ``map``'s pieces (``piece_rows``: 32,768 rows on a 1 MiB level-2 cache), a ``ThreadPoolExecutor`` of 2 threads
-  over the same blocks in the same pieces (what ``map`` does, by hand), numexpr on 2 threads, ``dask.array`` (``from_array``, ``map_blocks``, ``store`` into a new array, 2
-  threads), ``memory.map(rowwise=False)`` (``fn`` on whole blocks: ``map`` before pieces) and 2 threads of
-  ``np.copyto`` into a new array: the bandwidth limit, reading and writing as much as ``light`` does. Every output
-  is new memory, as ``map``'s is. Targets: ``light`` at least as fast as the NumPy expression and numexpr;
-  ``heavy`` at least the ``ThreadPoolExecutor`` and 1.6x the one-thread loop.
-* ``pieces``: ``map`` of ``light`` and ``heavy`` with pieces of 16 KiB to 4 MiB of input, against the default
+  over the same blocks in the same pieces (what ``map`` does, by hand), numexpr on 2 threads, ``dask.array``
+  (``from_array``, ``map_blocks``, ``store`` into a new array, 2 threads), ``memory.map(rowwise=False)`` (``fn``
+  on whole blocks: ``map`` before pieces) and 2 threads of ``np.copyto`` into a new array: the bandwidth limit,
+  reading and writing as much as ``light`` does. Every output is new memory, as ``map``'s is. Targets: ``light``
+  at least as fast as the NumPy expression and numexpr; ``heavy`` at least the ``ThreadPoolExecutor`` and 1.6x
+  the one-thread loop (the loop in pieces shows how much of that is the second core's).
+* ``piece_sizes``: ``map`` of ``light`` and ``heavy`` with pieces of 16 KiB to 4 MiB of input, against the default
   piece (a core's level-2 cache) in the same round.
 * ``npy``: ``light`` over the same 512 MiB as a ``.npy`` file (warm in the page cache), each way in a process of
   its own that maps twice (the second is timed) and reports its peak RSS (``VmHWM``): ``map`` as now, with

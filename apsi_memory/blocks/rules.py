@@ -35,7 +35,8 @@ DEFAULT_BLOCK_BYTES = 32 * MiB
 # ``map`` calls its function on pieces of a block the size of a core's (level-2) cache each. Its temporaries and
 # result spill into the level-3 cache but not to memory, and the Python, ufunc calls and GIL hand-offs a piece
 # costs are paid over as many bytes as that allows: on 2 threads, 512 MiB float32, 1 MiB pieces ran b * 2.0 + 1.0
-# 20 % faster than quarter-cache (256 KiB) ones, 2 MiB no faster, 4 MiB slower (benchmarks/bench_map_speed.py).
+# 1.25-1.4x as fast as quarter-cache (256 KiB) ones, 2 MiB about as fast, 4 MiB half as fast
+# (benchmarks/bench_map_speed.py -k piece_sizes).
 PIECES_PER_CACHE = 1
 # The largest page-cache folio (a PMD: 2 MiB on x86-64 and arm64 with 4 KiB pages).
 FOLIO_BYTES = 2 * MiB

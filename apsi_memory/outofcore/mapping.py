@@ -17,10 +17,11 @@ How it runs
   output at once (and let go before the next piece, so ``malloc`` reuses the same memory for every piece's
   temporaries): the piece, its temporaries and its result stay in the chip's caches, so a light function reads
   the input and writes the output once each instead of streaming every temporary through memory, and a piece
-  costs little enough Python for two threads (measured in ``benchmarks/bench_map_speed.py``). Whether ``fn`` needs its whole block cannot be told from outside, so it is
-  the caller who says: ``rows`` (or ``rowwise=False``) for a function of the block, ``rowwise=True`` with
-  ``rows`` for a row-by-row function whose blocks should stay ``rows`` for reading and progress. The block stays
-  the unit of reading ahead, releasing and the progress bar either way.
+  costs little enough Python for two threads (measured in ``benchmarks/bench_map_speed.py``). Whether ``fn``
+  needs its whole block cannot be told from outside, so it is the caller who says: ``rows`` (or
+  ``rowwise=False``) for a function of the block, ``rowwise=True`` with ``rows`` for a row-by-row function whose
+  blocks should stay ``rows`` for reading and progress. The block stays the unit of reading ahead, releasing and
+  the progress bar either way.
 * The first block's result fixes the output: one row per input row, with the row shape and dtype of that result.
   The output is a ``memory.array`` (RAM while it fits the budget, a spill file otherwise). The blocks that started
   beside the first keep their (first piece's) results until the output exists, so no core waits for the first
