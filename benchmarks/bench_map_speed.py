@@ -6,13 +6,17 @@ moment of a loaded machine hits every way alike:
     APSI_BENCH_BASELINE=/work/main .venv/bin/python -m pytest benchmarks/bench_map_speed.py --benchmark-only -s
 
 * ``light`` is ``b * 2.0 + 1.0``, ``heavy`` ``np.sqrt(b) * np.log1p(b)``, over 16,777,216 x 8 float32. Peers:
-  the NumPy expression on the whole array, a one-thread loop over ``map``'s blocks (8 MiB), a
-  ``ThreadPoolExecutor`` of 2 threads over the same blocks, each in pieces of 8,192 rows (what ``map`` does, by
-  hand), numexpr on 2 threads, ``dask.array`` (``from_array``, ``map_blocks``, ``store`` into a new array, 2
-  threads), ``memory.map(rowwise=False)`` (``fn`` on whole blocks: ``map`` before pieces) and 2 threads of
-  ``np.copyto`` into a new array: the bandwidth limit, reading and writing as much as ``light`` does. Every output
-  is new memory, as ``map``'s is. Targets: ``light`` at least as fast as the NumPy expression and numexpr;
-  ``heavy`` at least the ``ThreadPoolExecutor`` and 1.6x the one-thread loop.
+  the NumPy expression on the whole array, a one-thread loop over ``map``'s blocks (8 MiB; ``fn`` on whole
+  blocks, whose 8 MiB temporaries ``malloc`` maps and unmaps: 64,000 page faults a call), the same loop in
+  ``map``'s pieces (``piece_rows``: 32,768 rows on a 1 MiB level-2 cache), a ``ThreadPoolExecutor`` of 2 threads
+  over the same blocks in the same pieces (what ``map`` does, by hand), numexpr on 2 threads, ``dask.array``
+  (``from_array``, ``map_blocks``, ``store`` into a new array, 2 threads), ``memory.map(rowwise=False)`` (``fn``
+  on whole blocks: ``map`` before pieces) and 2 threads of ``np.copyto`` into a new array: the bandwidth limit,
+  reading and writing as much as ``light`` does. Every output is new memory, as ``map``'s is. Targets: ``light``
+  at least as fast as the NumPy expression and numexpr; ``heavy`` at least the ``ThreadPoolExecutor`` and 1.6x
+  the one-thread loop (the loop in pieces shows how much of that is the second core's).
+* ``piece_sizes``: ``map`` of ``light`` and ``heavy`` with pieces of 16 KiB to 4 MiB of input, against the default
+  piece (a core's level-2 cache) in the same round.
 * ``npy``: ``light`` over the same 512 MiB as a ``.npy`` file (warm in the page cache), each way in a process of
   its own that maps twice (the second is timed) and reports its peak RSS (``VmHWM``): ``map`` as now, with
   ``rowwise=False``, and, where ``APSI_BENCH_BASELINE`` names another checkout (``/work/main``), ``map`` from that
@@ -43,11 +47,13 @@ import numpy as np
 import pytest
 
 import apsi_memory as memory
+from apsi_memory.blocks.rules import piece_rows
+from apsi_memory.machinery.machines import machine
 
 ROWS, COLS, WORKERS = 16_777_216, 8, 2
 ROUNDS = int(os.environ.get("APSI_BENCH_ROUNDS", "5"))  # more on a loaded machine, where 5 rounds are noise
 BLOCK = 262_144  # map's own block without rows on 2 workers: 8 MiB
-PIECE = 8_192  # a quarter of a 1 MiB level-2 cache, in 32-byte rows: what map uses on this machine
+PIECE = piece_rows(COLS * 4, machine().cache_bytes())  # what map uses here: 32,768 rows on a 1 MiB level-2 cache
 BASELINE_ENV = "APSI_BENCH_BASELINE"
 Fn = Callable[[np.ndarray], np.ndarray]
 
@@ -78,14 +84,14 @@ def one_thread_loop(fn: Fn, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def thread_pool(fn: Fn, x: np.ndarray) -> np.ndarray:
+def thread_pool(fn: Fn, x: np.ndarray, workers: int = WORKERS) -> np.ndarray:
     out = np.empty_like(x)
 
     def block(start: int) -> None:
         for piece in range(start, min(start + BLOCK, len(x)), PIECE):
             out[piece:piece + PIECE] = fn(x[piece:piece + PIECE])
 
-    with ThreadPoolExecutor(WORKERS) as pool:
+    with ThreadPoolExecutor(workers) as pool:
         list(pool.map(block, range(0, len(x), BLOCK)))
     return out
 
@@ -122,13 +128,14 @@ WAYS: dict[str, Callable[[Fn, np.ndarray], np.ndarray]] = {
     "memory.map rowwise=False": lambda fn, x: memory.map(fn, x, workers=WORKERS, rowwise=False),
     "NumPy expression": lambda fn, x: fn(x),
     "1-thread loop": one_thread_loop,
+    "1-thread loop in pieces": lambda fn, x: thread_pool(fn, x, 1),
     "ThreadPoolExecutor": thread_pool,
     "numexpr": numexpr,
     "dask.array": dask_array,
     "copyto (limit)": copy_limit,
 }
-EXACT = {"memory.map", "memory.map rowwise=False", "NumPy expression", "1-thread loop", "ThreadPoolExecutor",
-         "dask.array"}  # the same NumPy loops on the same values: the same bits
+EXACT = {"memory.map", "memory.map rowwise=False", "NumPy expression", "1-thread loop", "1-thread loop in pieces",
+         "ThreadPoolExecutor", "dask.array"}  # the same NumPy loops on the same values: the same bits
 
 
 SAMPLES = [slice(0, 3 * PIECE + 5), slice(5 * BLOCK - 7, 6 * BLOCK + 11), slice(ROWS - BLOCK - 3, ROWS)]
@@ -186,9 +193,41 @@ def test_map_in_ram(benchmark: Any, x: np.ndarray, fn: Fn, tmp_path: Path, monke
     benchmark.group = f"map {fn.__name__} in RAM"
     benchmark.pedantic(lambda: times.update(interleaved({name: timed(name) for name in WAYS}, ROUNDS)),
                        rounds=1, iterations=1)
-    speeds = table(times, ["1-thread loop", "NumPy expression", "numexpr", "ThreadPoolExecutor"],
+    speeds = table(times, ["1-thread loop", "1-thread loop in pieces", "NumPy expression", "numexpr",
+                           "ThreadPoolExecutor"],
                    f"{fn.__name__} over {x.nbytes >> 20} MiB float32 in RAM, {WORKERS} threads, {ROUNDS} rounds")
     benchmark.extra_info.update({name: {peer: round(s, 2) for peer, s in row.items()} for name, row in speeds.items()})
+
+
+PIECE_BYTES = [16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]
+
+
+@pytest.mark.parametrize("fn", [light, heavy], ids=["light", "heavy"])
+def test_map_piece_sizes(benchmark: Any, x: np.ndarray, fn: Fn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The curve behind ``rules.PIECES_PER_CACHE``: ``map`` with pieces of each of ``PIECE_BYTES``."""
+    from apsi_memory.outofcore import mapping
+
+    default = mapping._piece
+
+    def timed(rows: int | None) -> Callable[[], float]:
+        def run() -> float:
+            monkeypatch.setattr(mapping, "_piece", default if rows is None else lambda array: rows)
+            start = time.perf_counter()
+            result = memory.map(fn, x, workers=WORKERS)
+            seconds = time.perf_counter() - start
+            checked("memory.map", fn, result, x)
+            memory.free(result)
+            return seconds
+        return run
+
+    ways = {f"{size >> 10:,} KiB pieces": timed(size // x[0].nbytes) for size in PIECE_BYTES}
+    ways[f"default ({PIECE * x[0].nbytes >> 10:,} KiB)"] = timed(None)
+    times: dict[str, list[float]] = {}
+    benchmark.group = f"map {fn.__name__} piece sizes"
+    benchmark.pedantic(lambda: times.update(interleaved(ways, ROUNDS)), rounds=1, iterations=1)
+    speeds = table(times, [list(ways)[-1]], f"{fn.__name__} over {x.nbytes >> 20} MiB float32 in RAM by piece size, "
+                   f"{WORKERS} threads, {ROUNDS} rounds")
+    benchmark.extra_info.update({name: round(next(iter(row.values())), 2) for name, row in speeds.items()})
 
 
 CHILD = """

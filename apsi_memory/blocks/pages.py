@@ -262,12 +262,13 @@ def row_extent(array: np.ndarray) -> tuple[int, int]:
 
 
 class BlockPages:
-    """Read-ahead and release for the row blocks of one array; does nothing for an array in RAM."""
+    """Read-ahead and release for the row blocks of one array; does nothing for an array in RAM (``in_ram``: the
+    caller knows it is, so ``/proc/self/maps`` is not read to find out)."""
 
-    def __init__(self, array: np.ndarray, spans: Sequence[tuple[int, int]]) -> None:
+    def __init__(self, array: np.ndarray, spans: Sequence[tuple[int, int]], in_ram: bool = False) -> None:
         first_row = row_extent(array)[0]
         self._front = ReleaseFront(spans, first_row, array.strides[0], PAGE)
-        region = file_region(array)
+        region = None if in_ram else file_region(array)
         self._pages = None if region is None else Pages(region, first_row)
 
     def read_ahead(self, start_row: int, stop_row: int) -> None:

@@ -32,9 +32,12 @@ from ..units import MiB
 # A block of about this many bytes when the caller gives no ``rows``: large enough that the per-block system calls
 # cost nothing next to the reading, small enough that a few blocks in flight per core stay far below any budget.
 DEFAULT_BLOCK_BYTES = 32 * MiB
-# ``map`` calls its function on pieces of a block of a quarter of a core's cache each: the input piece, the result
-# and two temporaries of that size fit (measured in benchmarks/bench_map_speed.py).
-PIECES_PER_CACHE = 4
+# ``map`` calls its function on pieces of a block the size of a core's (level-2) cache each. Its temporaries and
+# result spill into the level-3 cache but not to memory, and the Python, ufunc calls and GIL hand-offs a piece
+# costs are paid over as many bytes as that allows: on 2 threads, 512 MiB float32, 1 MiB pieces ran b * 2.0 + 1.0
+# 1.25-1.4x as fast as quarter-cache (256 KiB) ones, 2 MiB about as fast, 4 MiB half as fast
+# (benchmarks/bench_map_speed.py -k piece_sizes).
+PIECES_PER_CACHE = 1
 # The largest page-cache folio (a PMD: 2 MiB on x86-64 and arm64 with 4 KiB pages).
 FOLIO_BYTES = 2 * MiB
 
@@ -73,7 +76,7 @@ def block_spans(n_rows: int, rows: int, first: int = 0) -> list[tuple[int, int]]
 
 def piece_rows(row_bytes: int, cache_bytes: int) -> int:
     """Rows per piece of a block, so that a piece of input takes ``1/PIECES_PER_CACHE`` of a core's cache: its
-    result and the function's temporaries (about as large each) stay in that cache beside it, so a light function
+    result and the function's temporaries (about as large each) stay in the chip's caches, so a light function
     is not limited by memory bandwidth twice over (once for the temporaries, once for the output); at least one
     row."""
     return max(1, cache_bytes // PIECES_PER_CACHE // max(1, row_bytes))

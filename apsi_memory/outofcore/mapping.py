@@ -11,15 +11,17 @@ How it runs
   block waits for it to be handed out.
 * What ``fn`` sees: with ``rows`` given, exactly the blocks of ``rows`` rows (the last one shorter), so a
   function of the whole block (a normalisation by the block's mean) gets what it asked for. Without ``rows``, or
-  with ``rowwise=True``, ``fn`` is called on consecutive pieces of each block, a quarter of a core's own cache
-  each (``rules.piece_rows``: its level-2 cache from sysfs, 1 MiB where sysfs does not say; 8,192 rows of 32 bytes
-  on a 1 MiB cache), one after another by the block's thread, and each piece's result is written into the output
-  at once: the piece, its temporaries and its result stay in the cache, so a light function reads the input and
-  writes the output once each instead of streaming every temporary through memory (measured in
-  ``benchmarks/bench_map_speed.py``). Whether ``fn`` needs its whole block cannot be told from outside, so it is
-  the caller who says: ``rows`` (or ``rowwise=False``) for a function of the block, ``rowwise=True`` with
-  ``rows`` for a row-by-row function whose blocks should stay ``rows`` for reading and progress. The block stays
-  the unit of reading ahead, releasing and the progress bar either way.
+  with ``rowwise=True``, ``fn`` is called on consecutive pieces of each block, each the size of a core's own
+  cache (``rules.piece_rows``: its level-2 cache from sysfs, 1 MiB where sysfs does not say; 32,768 rows of 32
+  bytes on a 1 MiB cache), one after another by the block's thread, and each piece's result is written into the
+  output at once (and let go before the next piece, so ``malloc`` reuses the same memory for every piece's
+  temporaries): the piece, its temporaries and its result stay in the chip's caches, so a light function reads
+  the input and writes the output once each instead of streaming every temporary through memory, and a piece
+  costs little enough Python for two threads (measured in ``benchmarks/bench_map_speed.py``). Whether ``fn``
+  needs its whole block cannot be told from outside, so it is the caller who says: ``rows`` (or
+  ``rowwise=False``) for a function of the block, ``rowwise=True`` with ``rows`` for a row-by-row function whose
+  blocks should stay ``rows`` for reading and progress. The block stays the unit of reading ahead, releasing and
+  the progress bar either way.
 * The first block's result fixes the output: one row per input row, with the row shape and dtype of that result.
   The output is a ``memory.array`` (RAM while it fits the budget, a spill file otherwise). The blocks that started
   beside the first keep their (first piece's) results until the output exists, so no core waits for the first
@@ -53,7 +55,6 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -114,7 +115,7 @@ def map(fn: Callable[[np.ndarray], np.ndarray], x: str | os.PathLike[str] | np.n
 
 
 def _piece(array: np.ndarray) -> int:
-    """Rows per piece for ``array``'s rows: a quarter of a core's cache (``rules.piece_rows``)."""
+    """Rows per piece for ``array``'s rows: a core's cache of them (``rules.piece_rows``)."""
     row_bytes = int(np.prod(array.shape[1:], dtype=np.int64)) * array.itemsize
     return piece_rows(row_bytes, machine().cache_bytes())
 
@@ -168,8 +169,9 @@ class _Output:
         shape = (self.rows,) + first.shape[1:]
         array = (placement.array(shape, first.dtype) if self.pending is None
                  else placement.in_pending(self.pending, shape, first.dtype))
-        with self._lock:
-            self.array, self.pages = array, BlockPages(array, self.spans)
+        in_ram = not isinstance(array, np.memmap)  # a file: placement.array on the SSD, in_pending (unless empty)
+        with self._lock:  # in RAM: no /proc/self/maps read (half of make's 0.9 ms, which the other blocks wait for)
+            self.array, self.pages = array, BlockPages(array, self.spans, in_ram)
             for index in self._unnoted:
                 self.pages.note(self.spans[index][1])
             self._unnoted.clear()
@@ -251,10 +253,16 @@ def _run_blocks(fn: Callable[[np.ndarray], np.ndarray], array: np.ndarray, spans
         if out is None:
             return
         check_like(head, out, spans, index, first)  # even when stopping: an earlier block's error wins
-        for span, result in chain([(first, head)], piece_results(fn, array, spans, index, rest, out)):
-            not_freed(index, span)
-            if not stop.stopping:
-                out[span[0]:span[1]] = result  # written while the piece is still in the cache
+        write(index, first, head, out)
+        del head
+        for span, result in piece_results(fn, array, spans, index, rest, out):
+            write(index, span, result, out)
+            del result  # freed before fn runs on the next piece: see piece_results
+
+    def write(index: int, span: Span, result: np.ndarray, out: np.ndarray) -> None:
+        not_freed(index, span)
+        if not stop.stopping:
+            out[span[0]:span[1]] = result  # written while the piece is still in the cache
 
     def prepare(index: int) -> None:
         inputs.read_ahead(*spans[index])
