@@ -20,6 +20,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+pytest.importorskip("distributed", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
+pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra: pip install 'apsi-memory[dask]'")
+
 from apsi_memory import dask as amd
 from apsi_memory import decide
 from apsi_memory.dask.admission import TOPIC, TaskLedger, note_chunk, read_chunk
