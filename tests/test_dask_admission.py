@@ -112,6 +112,25 @@ def test_a_task_of_small_need_starts_at_once_and_holds_no_place(sim_machine: Cal
         big.close()
 
 
+def test_a_wait_for_room_ends_after_the_longest_pause_with_a_warning(sim_machine: Callable[..., Any], tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A task whose parent task holds the only place (a task that waits on tasks it submitted, as with
+    ``worker_client``) would wait for ever where the group never has room: like a pause, the wait ends at the
+    longest pause (``apsi-memory.max-pause``) and says why."""
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=1000 * MiB, inactive_file=0)
+    ledger = TaskLedger(tmp_path)
+    parent = ledger.try_admit(64 << 20)
+    assert parent is not None
+    try:
+        started = time.monotonic()
+        child = asyncio.run(asyncio.wait_for(ledger.admit(32 << 20, max_wait=0.3), stretched(10)))
+        assert child is not None and time.monotonic() - started >= 0.3
+        child.close()
+    finally:
+        parent.close()
+    assert "for room in its group" in caplog.text and "longest pause" in caplog.text
+
+
 def test_the_largest_chunk_sent_is_kept(tmp_path: Path) -> None:
     assert read_chunk(tmp_path) == 0
     note_chunk(tmp_path, 64 * MiB)

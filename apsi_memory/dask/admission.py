@@ -20,6 +20,7 @@ import fcntl
 import itertools
 import logging
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -32,6 +33,8 @@ from distributed.core import Status
 from ..decide import still_to_grow, task_admitted, task_needs_admission, task_start_need
 from ..machinery.machines import machine
 from ..machinery.slots import Statm
+from ..units import fmt_size
+from .settings import max_pause_s
 
 logger = logging.getLogger("distributed.apsi_memory")  # as in __init__: dask's logging setup shows it
 LOCK = "admit.lock"  # held while one task is admitted
@@ -67,21 +70,32 @@ class TaskLedger:
         self._statm = Statm(machine().root)  # the workers' statm kept open: a pread each look
 
     async def admit(self, input_bytes: int, still_wanted: Callable[[], bool] = lambda: True,
-                    on_wait: Callable[[int], None] = lambda need: None) -> RunningTask | None:
+                    on_wait: Callable[[int], None] = lambda need: None,
+                    max_wait: float = float("inf")) -> RunningTask | None:
         """Wait till a task with ``input_bytes`` of inputs may start, and hold its place (None: it needs none,
         ``decide.task_needs_admission``, or ``still_wanted()`` said no first, as for a worker closing);
-        ``on_wait(need)`` is called once if it has to wait."""
+        ``on_wait(need)`` is called once if it has to wait. After ``max_wait`` seconds it starts all the same, with
+        a WARNING: a task that waits on tasks it submitted (``worker_client``) holds a place its children would
+        wait for, for ever where the group never has room."""
         need = task_start_need(read_chunk(self.folder), input_bytes)
         if not task_needs_admission(need):
             return None
-        waited = False
+        started, told = time.monotonic(), False
         while still_wanted():
             task = self.try_admit(need)
             if task is not None:
                 return task
-            if not waited:
+            waited = time.monotonic() - started
+            if waited >= max_wait:
+                limits = machine().limits()
+                logger.warning("apsi_memory: a task that needs %s started after %.0f s waiting for room in its group, "
+                               "the longest pause (apsi-memory.max-pause): %s free of %s, %d tasks of the cluster "
+                               "running", fmt_size(need), waited, fmt_size(limits.free_bytes),
+                               fmt_size(limits.usable_bytes), len(self.running()))
+                return self._hold(need)
+            if not told:
                 on_wait(need)
-                waited = True
+                told = True
             await asyncio.sleep(POLL_S)
         return None
 
@@ -192,7 +206,7 @@ class AdmittedWorker(Worker):
             return await super().execute(key, stimulus_id=stimulus_id)
         inputs = sum(dep.nbytes or 0 for dep in ts.dependencies)
         task = await self.ledger.admit(inputs, lambda: self.status in (Status.running, Status.paused),
-                                       partial(self._waits, key))
+                                       partial(self._waits, key), max_pause_s())
         try:
             return await super().execute(key, stimulus_id=stimulus_id)  # a worker closing: dask's own answer
         finally:
