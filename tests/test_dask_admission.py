@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from apsi_memory import dask as amd
 from apsi_memory import decide
-from apsi_memory.dask.admission import TOPIC, TaskLedger, note_chunk, read_chunk, shared_folder
+from apsi_memory.dask.admission import TOPIC, TaskLedger, folder_name, note_chunk, read_chunk
 from sim import tree as machines
 from sim.tree import GiB, MiB
 from tests.load import stretched
@@ -206,28 +206,26 @@ def test_preloaded_nannies_of_one_group_share_a_folder_and_start_tasks_it_cannot
 
 
 @pytest.mark.parametrize("planted", ["writable by all", "a symbolic link"])
-def test_a_preloaded_worker_refuses_an_admission_folder_it_cannot_trust_and_runs_without_admission(
+def test_preloaded_workers_refuse_an_admission_folder_they_cannot_trust_and_run_without_admission(
         tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture) -> None:
     """Another user who could write the folder could hold every place (no task would start) or free them all."""
-    from apsi_memory.dask import admission
-
     with _preloaded(tmp_path, 0) as c, c.get_client() as cl:
-        folder = shared_folder(c.scheduler_address)  # made as the preload would make it, then spoiled
-        assert folder is not None
+        ledgers = Path(os.environ["APSI_LEDGER_DIR"])
+        ledgers.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = ledgers / folder_name(c.scheduler_address)  # where the preload looks
         if planted == "writable by all":
+            folder.mkdir()
             os.chmod(folder, 0o777)
         else:
-            os.rmdir(folder)
             (tmp_path / "theirs").mkdir(mode=0o700)
-            os.symlink(tmp_path / "theirs", folder)
-        admission._trusted_folder.cache_clear()
+            folder.symlink_to(tmp_path / "theirs")
         with caplog.at_level("INFO", logger="distributed.apsi_memory"):
-            c.scale(1)
-            cl.wait_for_workers(1, timeout=stretched(60))
-        assert list(cl.run(_admission_of).values()) == [(None, "1000")]  # it still goes first where the group is full
+            c.scale(2)
+            cl.wait_for_workers(2, timeout=stretched(60))
+        assert list(cl.run(_admission_of).values()) == [(None, "1000")] * 2  # they still go first where it is full
         assert cl.submit(sum, [1, 2]).result(timeout=stretched(30)) == 3
     refusals = [r.getMessage() for r in caplog.records if "without group admission" in r.getMessage()]
-    assert len(refusals) == 1 and "does not trust it" in refusals[0], refusals
+    assert len(refusals) == 1 and "does not trust it" in refusals[0], refusals  # once, not once a worker
 
 
 # -- a real group out of memory: the kernel kills a worker, not the process beside the cluster ----------------------

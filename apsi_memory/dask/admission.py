@@ -238,8 +238,13 @@ def shared_folder(scheduler: str) -> str | None:
     of the group's ledger name and the address, in the first of the reservation ledger's folders
     (``ledger_folders.candidate_dirs``) where it is, or can be made, a folder of ours that nobody else may write and
     not a symbolic link (``trust.open_folder``); None, said once at INFO, where there is none."""
+    return _trusted_folder(tuple(candidate_dirs()), folder_name(scheduler))
+
+
+def folder_name(scheduler: str) -> str:
+    """``admission-<hash>`` of this memory group's ledger name and ``scheduler`` (any text: it is hashed)."""
     key = f"{group_key(machine().memory())}\0{scheduler}".encode()
-    return _trusted_folder(tuple(candidate_dirs()), f"admission-{hashlib.sha256(key).hexdigest()[:24]}")
+    return f"admission-{hashlib.sha256(key).hexdigest()[:24]}"
 
 
 @functools.cache  # once per process: each nanny of dask worker --nworkers N asks
