@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from apsi_memory import dask as amd
 from apsi_memory import decide
-from apsi_memory.dask.admission import TOPIC, TaskLedger, folder_name, note_chunk, read_chunk
+from apsi_memory.dask.admission import TOPIC, TaskLedger, folder_name, note_chunk, read_chunk, shared_folder
 from sim import tree as machines
 from sim.tree import GiB, MiB
 from tests.load import stretched
@@ -203,6 +203,12 @@ def test_preloaded_nannies_of_one_group_share_a_folder_and_start_tasks_it_cannot
     assert os.path.dirname(folder) == os.environ["APSI_LEDGER_DIR"] and os.stat(folder).st_mode & 0o777 == 0o700
     assert not _overlap(sorted(zip(ends[::2], ends[1::2], strict=True)))
     assert waits and all(msg["need_bytes"] == 16 * MiB for msg in waits)
+
+
+def test_a_relative_ledger_folder_gives_the_preload_no_admission_folder_and_no_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APSI_LEDGER_DIR", "ledger")  # refused by name wherever the library reads it
+    assert shared_folder("tcp://127.0.0.1:8786") is None
 
 
 @pytest.mark.parametrize("planted", ["writable by all", "a symbolic link"])

@@ -36,6 +36,7 @@ from distributed import Worker
 from distributed.core import Status
 
 from ..decide import still_to_grow, task_admitted, task_needs_admission, task_start_need
+from ..errors import ArgumentError
 from ..machinery.ledger_folders import candidate_dirs
 from ..machinery.machines import machine
 from ..machinery.reservations import group_key
@@ -238,7 +239,12 @@ def shared_folder(scheduler: str) -> str | None:
     of the group's ledger name and the address, in the first of the reservation ledger's folders
     (``ledger_folders.candidate_dirs``) where it is, or can be made, a folder of ours that nobody else may write and
     not a symbolic link (``trust.open_folder``); None, said once at INFO, where there is none."""
-    return _trusted_folder(tuple(candidate_dirs()), folder_name(scheduler))
+    try:
+        parents = tuple(candidate_dirs())
+    except ArgumentError as exc:  # a relative APSI_LEDGER_DIR: refused, the worker runs all the same
+        logger.info("apsi_memory: tasks start without group admission: %s", exc)
+        return None
+    return _trusted_folder(parents, folder_name(scheduler))
 
 
 def folder_name(scheduler: str) -> str:
