@@ -626,8 +626,10 @@ if __name__ == "__main__":
             c.wait_for_workers(2, timeout=waits)
             workers = c.scheduler_info()["workers"].values()
             plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
+            oom = c.run(lambda: open("/proc/self/oom_score_adj").read().strip())
             print(json.dumps({"limits": sorted(w["memory_limit"] for w in workers),
-                              "plugins": sorted(p for ps in plugins.values() for p in ps)}))
+                              "plugins": sorted(p for ps in plugins.values() for p in ps),
+                              "oom_score_adj": sorted(oom.values())}))
     finally:
         worker.terminate(); worker.wait(30); sched.terminate(); sched.wait(30)
 """
@@ -686,6 +688,7 @@ def test_dask_worker_preload_works_and_shares_the_memory_between_its_workers(tmp
     share = _share(memory.limits().usable_bytes)
     assert shown["limits"] == [share] * 2, log[-3000:]
     assert shown["plugins"].count("apsi-pressure") == 2
+    assert shown["oom_score_adj"] == ["1000"] * 2  # the kernel kills a worker first where the group is full
     assert "Traceback" not in log and log.count(f"worker memory limit {fmt_size(share)} (2 workers") == 2
 
 
@@ -694,6 +697,7 @@ def test_an_explicit_memory_limit_is_kept_and_one_above_the_share_warned_of(tmp_
     asked = (usable - 64 * MiB) >> 20  # more than half, within what dask itself accepts
     shown, log = _dask_worker(tmp_path, "--preload-nanny", "apsi_memory.dask", "--memory-limit", f"{asked}MiB")
     assert shown["limits"] == [asked * MiB] * 2 and shown["plugins"].count("apsi-pressure") == 2
+    assert shown["oom_score_adj"] == ["1000"] * 2
     assert f"--memory-limit {fmt_size(asked * MiB)} kept, but it is more than this worker's share" in log
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra:
 
 from apsi_memory import dask as amd
 from apsi_memory import decide
-from apsi_memory.dask.admission import TOPIC, TaskLedger, note_chunk, read_chunk
+from apsi_memory.dask.admission import TOPIC, TaskLedger, folder_name, note_chunk, read_chunk, shared_folder
 from sim import tree as machines
 from sim.tree import GiB, MiB
 from tests.load import stretched
@@ -186,6 +186,74 @@ def test_the_cluster_folder_of_running_tasks_goes_with_the_cluster(tmp_path: Pat
         folder = c.admission
         assert folder is not None and os.path.isdir(folder)
     assert not os.path.exists(folder)
+
+
+# -- dask worker --preload-nanny apsi_memory.dask -------------------------------------------------------------------
+
+def _preloaded(tmp_path: Path, n_workers: int, threads: int = 1) -> Any:
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=n_workers, threads_per_worker=threads, processes=True, dashboard_address=":0",
+                        local_directory=str(tmp_path), preload_nanny=["apsi_memory.dask"])
+
+
+def _admission_of(dask_worker: Any) -> tuple[str | None, str]:
+    ledger = dask_worker.ledger
+    return (None if ledger is None else str(ledger.folder)), Path("/proc/self/oom_score_adj").read_text().strip()
+
+
+def test_preloaded_nannies_of_one_group_share_a_folder_and_start_tasks_it_cannot_hold_together_one_at_a_time(
+        sim_machine: Callable[..., Any], tmp_path: Path) -> None:
+    """The preload's workers were stock: two workers of one pod started tasks of big chunks together however little
+    the group had left. Tasks of 8 MiB inputs need 16 MiB each (no client of ours notes a chunk): the group holds
+    one beside its critical reserve, not two, and the four run one at a time; the workers go first where it is
+    full all the same."""
+    import dask.array as da
+    from distributed import wait
+
+    usage = GiB - decide.critical_reserve(GiB) - 24 * MiB
+    sim_machine(machines.docker_v1, limit=1 * GiB, usage=usage, inactive_file=0)
+    with _preloaded(tmp_path, 2, threads=2) as c, c.get_client() as cl:
+        cl.wait_for_workers(2, timeout=stretched(60))
+        shown = set(cl.run(_admission_of).values())
+        x = da.random.random(4 << 20, chunks=1 << 20).persist()  # 8 MiB inputs, real
+        wait(x)
+        ends = x.map_blocks(_record, chunks=((2,) * 4,), dtype=float).compute()
+        waits = [msg for _, msg in cl.get_events(TOPIC)]
+    ((folder, score),) = shown  # one folder for both
+    assert folder is not None and score == "1000"
+    assert os.path.dirname(folder) == os.environ["APSI_LEDGER_DIR"] and os.stat(folder).st_mode & 0o777 == 0o700
+    assert not _overlap(sorted(zip(ends[::2], ends[1::2], strict=True)))
+    assert waits and all(msg["need_bytes"] == 16 * MiB for msg in waits)
+
+
+def test_a_relative_ledger_folder_gives_the_preload_no_admission_folder_and_no_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APSI_LEDGER_DIR", "ledger")  # refused by name wherever the library reads it
+    assert shared_folder("tcp://127.0.0.1:8786") is None
+
+
+@pytest.mark.parametrize("planted", ["writable by all", "a symbolic link"])
+def test_preloaded_workers_refuse_an_admission_folder_they_cannot_trust_and_run_without_admission(
+        tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Another user who could write the folder could hold every place (no task would start) or free them all."""
+    with _preloaded(tmp_path, 0) as c, c.get_client() as cl:
+        ledgers = Path(os.environ["APSI_LEDGER_DIR"])
+        ledgers.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = ledgers / folder_name(c.scheduler_address)  # where the preload looks
+        if planted == "writable by all":
+            folder.mkdir()
+            os.chmod(folder, 0o777)
+        else:
+            (tmp_path / "theirs").mkdir(mode=0o700)
+            folder.symlink_to(tmp_path / "theirs")
+        with caplog.at_level("INFO", logger="distributed.apsi_memory"):
+            c.scale(2)
+            cl.wait_for_workers(2, timeout=stretched(60))
+        assert list(cl.run(_admission_of).values()) == [(None, "1000")] * 2  # they still go first where it is full
+        assert cl.submit(sum, [1, 2]).result(timeout=stretched(30)) == 3
+    refusals = [r.getMessage() for r in caplog.records if "without group admission" in r.getMessage()]
+    assert len(refusals) == 1 and "does not trust it" in refusals[0], refusals  # once, not once a worker
 
 
 # -- a real group out of memory: the kernel kills a worker, not the process beside the cluster ----------------------

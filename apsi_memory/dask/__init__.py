@@ -71,7 +71,7 @@ from ..adapters.dask_workers import family, group_dask
 from ..decide import chunk_bytes, nanny_limit_now
 from ..machinery.machines import machine
 from ..units import fmt_size
-from .admission import note_chunk
+from .admission import killed_first, note_chunk, preload_admission
 from .chunks import largest_chunk, name_big_chunks, watch_submissions
 from .nanny import GroupNanny, kill_when_group_full, worker_rss
 from .pausing import PressurePlugin
@@ -414,12 +414,14 @@ def _setup_nanny(nanny: Any) -> None:
                           scheduler_here=bool(_schedulers_here()))
     _set_nanny_limit(nanny, limit)
     kill_when_group_full(nanny)
+    preload_admission(nanny)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())
 
 
 def _setup_worker(worker: Any) -> Any:
     if any(isinstance(p, PressurePlugin) for p in (*worker._pending_plugins, *worker.plugins.values())):
         return None  # the nanny preload did it already
+    killed_first()  # but admission needs the worker's class, chosen before a worker's own preload runs
     start = family(machine().root)
     limit = _chosen_limit(worker.memory_manager.memory_limit, worker.state.nthreads, start.spawned,
                           scheduler_here=not start.worker_only)

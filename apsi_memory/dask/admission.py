@@ -9,6 +9,10 @@ removes, so a dead worker never holds a place. Admissions are made one at a time
 
 Where the group runs out of memory all the same, the kernel kills a worker first (``killed_first``).
 
+``dask worker --preload-nanny apsi_memory.dask`` has no folder of ``cluster()``'s: its nannies start
+``AdmittedWorker``s that share one folder per memory group and scheduler (``preload_admission``), made and checked
+like the reservation ledger's (``system.trust``), in the same place.
+
 May import: decide, system, adapters, machinery, arrays, blocks.
 """
 
@@ -17,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
+import hashlib
 import itertools
 import logging
 import os
@@ -31,8 +37,12 @@ from distributed import Worker
 from distributed.core import Status
 
 from ..decide import still_to_grow, task_admitted, task_needs_admission, task_start_need
+from ..errors import ArgumentError
+from ..machinery.ledger_folders import candidate_dirs
 from ..machinery.machines import machine
+from ..machinery.reservations import group_key
 from ..machinery.slots import Statm
+from ..system import trust
 from ..units import fmt_size
 from .settings import max_pause_s
 
@@ -160,7 +170,6 @@ def _outstanding(running: list[tuple[int, int, int]], rss_of: Callable[[int], in
 
 
 
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
@@ -223,3 +232,53 @@ def killed_first() -> None:
         Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
     except OSError as exc:  # no /proc (not Linux): the kernel's own choice stays
         logger.info("apsi_memory: worker %d left to the kernel's choice where its group is full: %s", os.getpid(), exc)
+
+
+def preload_admission(nanny: Any) -> None:
+    """The nanny of ``dask worker --preload-nanny apsi_memory.dask`` (its preload runs before it starts its worker)
+    starts ``AdmittedWorker``s, their tasks admitted in the folder of its group and scheduler (``shared_folder``;
+    without one they still go first where the group is full). A worker class of the user's own is kept, and its
+    tasks start without admission (said at INFO)."""
+    if nanny.Worker is Worker:
+        nanny.Worker = AdmittedWorker
+    elif not (isinstance(nanny.Worker, type) and issubclass(nanny.Worker, AdmittedWorker)):
+        logger.info("apsi_memory: worker class %s kept: its tasks start without group admission", nanny.Worker)
+        return
+    if not nanny.worker_kwargs.get("admission"):  # cluster() gave its own
+        nanny.worker_kwargs["admission"] = shared_folder(str(nanny.scheduler_addr))
+
+
+def shared_folder(scheduler: str) -> str | None:
+    """The admission folder that the workers of this memory group serving ``scheduler`` share: ``admission-<hash>``
+    of the group's ledger name and the address, in the first of the reservation ledger's folders
+    (``ledger_folders.candidate_dirs``) where it is, or can be made, a folder of ours that nobody else may write and
+    not a symbolic link (``trust.open_folder``); None, said once at INFO, where there is none."""
+    try:
+        parents = tuple(candidate_dirs())
+    except ArgumentError as exc:  # a relative APSI_LEDGER_DIR: refused, the worker runs all the same
+        logger.info("apsi_memory: tasks start without group admission: %s", exc)
+        return None
+    return _trusted_folder(parents, folder_name(scheduler))
+
+
+def folder_name(scheduler: str) -> str:
+    """``admission-<hash>`` of this memory group's ledger name and ``scheduler`` (any text: it is hashed)."""
+    key = f"{group_key(machine().memory())}\0{scheduler}".encode()
+    return f"admission-{hashlib.sha256(key).hexdigest()[:24]}"
+
+
+@functools.cache  # once per process: each nanny of dask worker --nworkers N asks
+def _trusted_folder(parents: tuple[str, ...], name: str) -> str | None:
+    problems = []
+    for parent in parents:
+        try:
+            fd = trust.open_folder(parent)
+            try:
+                os.close(trust.open_folder(name, dir_fd=fd, shown=os.path.join(parent, name)))
+            finally:
+                os.close(fd)
+            return os.path.join(parent, name)
+        except OSError as exc:  # UnsafePathError too: never a worker's crash
+            problems.append(str(exc))
+    logger.info("apsi_memory: tasks start without group admission (no folder to share): %s", "; ".join(problems))
+    return None
