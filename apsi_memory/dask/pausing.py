@@ -42,8 +42,9 @@ class PressurePlugin(WorkerPlugin):
     ``high`` spill half of what its ``SpillBuffer`` holds in RAM (all of it at ``critical``, via the public
     ``evict()``); at ``critical`` also ``memory.relieve()``. A paused worker resumes
     on its own need (``decide.worker_pause_step``): its RSS 10 points under the pause fraction, and the level under
-    ``level`` again or the group's free memory enough for its next tasks (it then runs through that level); and
-    after ``max_pause`` seconds paused whatever holds it (default: the dask setting ``apsi-memory.max-pause``, else
+    ``level`` again or the group's free memory enough for its next tasks (it then runs through that level); held by
+    its own memory alone, after ``decide.OWN_PAUSE_GRACE_S`` where the group has that room (it then runs through
+    its own line); and after ``max_pause`` seconds paused whatever holds it (default: the dask setting ``apsi-memory.max-pause``, else
     ``decide.MAX_PAUSE_S``; ``float("inf")``: never), with a WARNING naming the signal and what holds the group's
     memory. Each change is logged with ``worker.log_event`` under the topic ``apsi-pressure``, and each pause and
     resume as a WARNING (logger ``distributed.apsi_memory``) naming its cause."""
