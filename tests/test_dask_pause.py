@@ -37,7 +37,8 @@ shares = st.floats(0.0, 1.2)
 def readings(draw: st.DrawFn, now: float = 0.0) -> WorkerReading:
     rss = int(draw(shares) * LIMIT)
     return WorkerReading(draw(levels), rss, LIMIT, draw(st.integers(0, GiB)), GiB,
-                         draw(st.integers(0, 512 * MiB)), now, draw(st.sampled_from([None, "free ≤ 20 %"])))
+                         draw(st.integers(0, 512 * MiB)), now, draw(st.sampled_from([None, "free ≤ 20 %"])),
+                         draw(st.none() | st.integers(0, 512 * MiB)))
 
 
 def looks(reading: WorkerReading, state: PauseState, times: list[float], **kw: float) -> list[PauseState]:
@@ -114,7 +115,9 @@ def test_the_longest_pause_resumes_the_worker_and_names_the_signal() -> None:
 # -- a pause on its own memory alone, with room in the group --------------------------------------------------------
 
 def has_room(reading: WorkerReading) -> bool:
-    return reading.level < Level.CRITICAL and reading.free - critical_reserve(GiB) >= RESUME_NEED_FACTOR * reading.need
+    """Room in the group for what the worker's next tasks need past its own line."""
+    need = max(reading.need, reading.past_line_need or 0)
+    return reading.level < Level.CRITICAL and reading.free - critical_reserve(GiB) >= RESUME_NEED_FACTOR * need
 
 
 @given(readings(), st.floats(0.0, MAX_PAUSE_S, exclude_max=True))
@@ -142,17 +145,22 @@ def test_a_worker_over_its_own_line_resumes_before_the_longest_pause_only_with_r
 
 
 def test_the_p2p_rechunk_of_the_issue_resumes_after_the_grace_and_runs_through_its_own_line() -> None:
-    """2 GiB, 2 workers of 896 MiB: one at 85 % of its limit (p2p buffers), 500 MiB free, ``moderate``."""
+    """2 GiB, 2 workers of 896 MiB (32 MiB chunks advised): one at 85 % of its limit (p2p buffers), 500 MiB free,
+    ``moderate``. Over its line it may grow by nothing (``need`` 0); past it, its next task needs 96 MiB."""
     limit, group = 896 * MiB, 2 * GiB
     rss = int(0.85 * limit)
-    held = WorkerReading(Level.MODERATE, rss, limit, 500 * MiB, group, task_need_bytes(1, 32 * MiB, limit, rss))
+    held = WorkerReading(Level.MODERATE, rss, limit, 500 * MiB, group, task_need_bytes(1, 32 * MiB, limit, rss),
+                         past_line_need=task_need_bytes(1, 32 * MiB, 0, rss))
     paused = worker_pause_step(held, PauseState())
     assert paused.change == "pause"
     assert worker_pause_step(replace(held, now=OWN_PAUSE_GRACE_S - 0.1), paused.state).change is None
     resumed = worker_pause_step(replace(held, now=OWN_PAUSE_GRACE_S), paused.state)
     assert resumed.change == "resume" and resumed.why == (
         "worker memory 85% of its limit (resumes under 70%) after 5 s paused on it, but the group has room: "
-        "500.0 MB free, over the 102.4 MB it resumes at; it runs through its own line")
+        "500.0 MB free for the 96.0 MB its next tasks need past its line (resumes at 294.4 MB); it runs through its "
+        "line")
+    short_of_room = replace(held, free=critical_reserve(group) + 2 * 96 * MiB - 1, now=OWN_PAUSE_GRACE_S + 1)
+    assert worker_pause_step(short_of_room, paused.state).state.paused  # its need past its line does not fit
     assert worker_pause_step(replace(held, now=6.0), resumed.state).change is None  # runs through its own line
     full = replace(held, level=Level.HIGH, free=critical_reserve(group) - 1, now=7.0, signal="free ≤ 20 %")
     assert worker_pause_step(full, resumed.state).change == "pause"  # the group's pressure still pauses it

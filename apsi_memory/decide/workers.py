@@ -196,7 +196,9 @@ def task_need_bytes(nthreads: int, chunk: int, limit: int, rss: int,
 class WorkerReading:
     """One look at a dask worker: its group's ``level`` (``signal``: the pressure reading's cause, such as
     ``free ≤ 20 %``), its ``rss`` and ``limit`` (0: none), the group's ``free`` and ``usable`` bytes, what its next
-    tasks ``need`` (``task_need_bytes``) and the time ``now`` (seconds, any monotonic scale)."""
+    tasks ``need`` (``task_need_bytes``) and the time ``now`` (seconds, any monotonic scale); ``past_line_need``:
+    what they need once it runs past its own pause line (``task_need_bytes`` with no limit: ``need`` is capped at
+    what it may grow under that line, nothing for a worker over it), never taken as less than ``need``."""
 
     level: Level
     rss: int
@@ -206,6 +208,7 @@ class WorkerReading:
     need: int
     now: float = 0.0
     signal: str | None = None
+    past_line_need: int | None = None
 
 
 @dataclass(frozen=True)
@@ -250,8 +253,9 @@ def worker_pause_step(reading: WorkerReading, state: PauseState, pause_level: Le
       at least ``RESUME_NEED_FACTOR`` times ``reading.need``. It then runs through that level, pausing again only
       at a worse one, or when the free memory falls under one time its need.
     * A pause held by its own memory alone resumes after ``OWN_PAUSE_GRACE_S`` where the group's free memory less
-      ``critical_reserve`` holds ``RESUME_NEED_FACTOR`` times ``reading.need`` (never at ``critical``): the worker
-      then runs through its own line until its RSS is under it again; one paused on the group's pressure waits.
+      ``critical_reserve`` holds ``RESUME_NEED_FACTOR`` times ``reading.past_line_need`` (never at ``critical``):
+      the worker then runs through its own line until its RSS is under it again; one held by the group's pressure
+      waits.
     * No pause lasts over ``max_pause_s``: the worker then resumes and runs through the signals it had.
     """
     r, share = reading, (reading.rss / reading.limit if reading.limit else 0.0)
@@ -270,10 +274,11 @@ def worker_pause_step(reading: WorkerReading, state: PauseState, pause_level: Le
         return PauseStep(replace(base, paused=True, since=r.now, cause=cause), "pause", cause)
     own = _own_cause(share, resume_at, "resumes under", resume_at) if not own_through else None
     cause = own or group
-    if own is not None and r.now - state.since >= OWN_PAUSE_GRACE_S and _room_for_need(r):  # so no group cause
+    past_line = max(r.need, r.past_line_need or 0)  # room for it is room for ``need``: no group cause holds it
+    if own is not None and r.now - state.since >= OWN_PAUSE_GRACE_S and _room_for(r, past_line):
         why = (f"{own} after {r.now - state.since:.0f} s paused on it, but the group has room: {fmt_size(r.free)} "
-               f"free, over the {fmt_size(RESUME_NEED_FACTOR * r.need + critical_reserve(r.usable))} it resumes at; "
-               "it runs through its own line")
+               f"free for the {fmt_size(past_line)} its next tasks need past its line (resumes at "
+               f"{fmt_size(RESUME_NEED_FACTOR * past_line + critical_reserve(r.usable))}); it runs through its line")
         let = max(r.level, state.through or r.level) if r.level >= pause_level else None
         return PauseStep(PauseState(through=let, own_through=True), "resume", why)
     if cause is not None and r.now - state.since >= max_pause_s:
@@ -290,9 +295,9 @@ def worker_pause_step(reading: WorkerReading, state: PauseState, pause_level: Le
     return PauseStep(replace(running, through=max(r.level, through or r.level)), "resume", why)
 
 
-def _room_for_need(r: WorkerReading) -> bool:
-    """Whether the group's free memory, less the critical reserve, holds ``RESUME_NEED_FACTOR`` times the need."""
-    return r.level < Level.CRITICAL and r.free - critical_reserve(r.usable) >= RESUME_NEED_FACTOR * r.need
+def _room_for(r: WorkerReading, need: int) -> bool:
+    """Whether the group's free memory, less the critical reserve, holds ``RESUME_NEED_FACTOR`` times ``need``."""
+    return r.level < Level.CRITICAL and r.free - critical_reserve(r.usable) >= RESUME_NEED_FACTOR * need
 
 
 def _own_cause(share: float, at: float, says: str, fraction: float) -> str | None:
@@ -322,7 +327,7 @@ def _group_cause(r: WorkerReading, state: PauseState, pause_level: Level) -> str
         return (f"{_signal(r)} and {fmt_size(max(0, r.free))} free in the group, under the "
                 f"{fmt_size(factor * r.need + reserve)} it {'resumes' if state.paused else 'runs'} at ({factor} × "
                 f"the {fmt_size(r.need)} its next tasks need, and {fmt_size(reserve)} kept free)")
-    if not state.paused or not _room_for_need(r):
+    if not state.paused or not _room_for(r, r.need):
         return _signal(r)  # entering the level pauses first: the pause spills, then its own need is looked at
     return None
 
