@@ -44,10 +44,11 @@ class PressurePlugin(WorkerPlugin):
     on its own need (``decide.worker_pause_step``): its RSS 10 points under the pause fraction, and the level under
     ``level`` again or the group's free memory enough for its next tasks (it then runs through that level); held by
     its own memory alone, after ``decide.OWN_PAUSE_GRACE_S`` where the group has that room (it then runs through
-    its own line); and after ``max_pause`` seconds paused whatever holds it (default: the dask setting ``apsi-memory.max-pause``, else
-    ``decide.MAX_PAUSE_S``; ``float("inf")``: never), with a WARNING naming the signal and what holds the group's
-    memory. Each change is logged with ``worker.log_event`` under the topic ``apsi-pressure``, and each pause and
-    resume as a WARNING (logger ``distributed.apsi_memory``) naming its cause."""
+    its own line); and after ``max_pause`` seconds paused whatever holds it (default: the dask setting
+    ``apsi-memory.max-pause``, else ``decide.MAX_PAUSE_S``; ``float("inf")``: never), with a WARNING naming the
+    signal and what holds the group's memory. Each change is logged with ``worker.log_event`` under the topic
+    ``apsi-pressure``, and each pause and resume as a WARNING (logger ``distributed.apsi_memory``) naming its
+    cause."""
 
     name = "apsi-pressure"
     topic = "apsi-pressure"
