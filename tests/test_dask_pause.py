@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from apsi_memory.decide import DASK_PAUSE_FRACTION, DASK_RESUME_GAP, LEVELS, Level, worker_pause_cause
 from apsi_memory.decide.workers import (
     MAX_PAUSE_S,
+    OWN_PAUSE_GRACE_S,
     RESUME_NEED_FACTOR,
     PauseState,
     WorkerReading,
@@ -36,7 +37,8 @@ shares = st.floats(0.0, 1.2)
 def readings(draw: st.DrawFn, now: float = 0.0) -> WorkerReading:
     rss = int(draw(shares) * LIMIT)
     return WorkerReading(draw(levels), rss, LIMIT, draw(st.integers(0, GiB)), GiB,
-                         draw(st.integers(0, 512 * MiB)), now, draw(st.sampled_from([None, "free ≤ 20 %"])))
+                         draw(st.integers(0, 512 * MiB)), now, draw(st.sampled_from([None, "free ≤ 20 %"])),
+                         draw(st.none() | st.integers(0, 512 * MiB)))
 
 
 def looks(reading: WorkerReading, state: PauseState, times: list[float], **kw: float) -> list[PauseState]:
@@ -108,6 +110,62 @@ def test_the_longest_pause_resumes_the_worker_and_names_the_signal() -> None:
     assert step.change == "bounded" and step.why == "pressure high (free ≤ 20 %)" and step.state.bounded
     assert worker_pause_step(replace(short, level=Level.CRITICAL, now=31.0), step.state).change == "pause"  # worse
     assert worker_pause_step(replace(short, now=5.0), state, max_pause_s=float("inf")).change is None
+
+
+# -- a pause on its own memory alone, with room in the group --------------------------------------------------------
+
+def has_room(reading: WorkerReading) -> bool:
+    """Room in the group for what the worker's next tasks need past its own line."""
+    need = max(reading.need, reading.past_line_need or 0)
+    return reading.level < Level.CRITICAL and reading.free - critical_reserve(GiB) >= RESUME_NEED_FACTOR * need
+
+
+@given(readings(), st.floats(0.0, MAX_PAUSE_S, exclude_max=True))
+def test_a_pause_on_its_own_memory_alone_ends_after_the_grace_where_the_group_has_room(reading: WorkerReading,
+                                                                                      paused_for: float) -> None:
+    """2 GiB p2p rechunk of 128 MiB chunks: both workers sat out the longest pause at 80-92 % of their limits, held
+    by p2p buffers no pause frees, with 500 MB free in the group. Over its own line, a worker resumes after the grace
+    where the group has room; short of the grace, or with the group short of room (the pause on its pressure),
+    it stays paused as before, within the longest pause."""
+    reading = replace(reading, rss=max(reading.rss, int(RESUME_AT * LIMIT) + 1), now=paused_for)
+    step = worker_pause_step(reading, PauseState(paused=True))
+    if has_room(reading) and paused_for >= OWN_PAUSE_GRACE_S:
+        assert step.change == "resume" and step.state.own_through and step.why.startswith("worker memory")
+    else:
+        assert step.state.paused
+
+
+@given(readings(), histories(), st.floats(0.0, MAX_PAUSE_S, exclude_max=True))
+def test_a_worker_over_its_own_line_resumes_before_the_longest_pause_only_with_room_after_the_grace(
+        reading: WorkerReading, history: tuple[PauseState, float], paused_for: float) -> None:
+    state = replace(history[0], paused=True, since=reading.now - paused_for, own_through=False)
+    step = worker_pause_step(reading, state)
+    if reading.rss >= RESUME_AT * LIMIT and not step.state.paused:
+        assert paused_for >= OWN_PAUSE_GRACE_S and has_room(reading) and step.state.own_through
+
+
+def test_the_p2p_rechunk_of_the_issue_resumes_after_the_grace_and_runs_through_its_own_line() -> None:
+    """2 GiB, 2 workers of 896 MiB (32 MiB chunks advised): one at 85 % of its limit (p2p buffers), 500 MiB free,
+    ``moderate``. Over its line it may grow by nothing (``need`` 0); past it, its next task needs 96 MiB."""
+    limit, group = 896 * MiB, 2 * GiB
+    rss = int(0.85 * limit)
+    held = WorkerReading(Level.MODERATE, rss, limit, 500 * MiB, group, task_need_bytes(1, 32 * MiB, limit, rss),
+                         past_line_need=task_need_bytes(1, 32 * MiB, 0, rss))
+    paused = worker_pause_step(held, PauseState())
+    assert paused.change == "pause"
+    assert worker_pause_step(replace(held, now=OWN_PAUSE_GRACE_S - 0.1), paused.state).change is None
+    resumed = worker_pause_step(replace(held, now=OWN_PAUSE_GRACE_S), paused.state)
+    assert resumed.change == "resume" and resumed.why == (
+        "worker memory 85% of its limit (resumes under 70%) after 5 s paused on it, but the group has room: "
+        "500.0 MB free for the 96.0 MB its next tasks need past its line (resumes at 294.4 MB); it runs through its "
+        "line")
+    short_of_room = replace(held, free=critical_reserve(group) + 2 * 96 * MiB - 1, now=OWN_PAUSE_GRACE_S + 1)
+    assert worker_pause_step(short_of_room, paused.state).state.paused  # its need past its line does not fit
+    assert worker_pause_step(replace(held, now=6.0), resumed.state).change is None  # runs through its own line
+    full = replace(held, level=Level.HIGH, free=critical_reserve(group) - 1, now=7.0, signal="free ≤ 20 %")
+    assert worker_pause_step(full, resumed.state).change == "pause"  # the group's pressure still pauses it
+    short = replace(held, level=Level.CRITICAL, now=OWN_PAUSE_GRACE_S + 1)
+    assert worker_pause_step(short, paused.state).state.paused  # never at critical
 
 
 # -- it still pauses ------------------------------------------------------------------------------------------------

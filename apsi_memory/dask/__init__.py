@@ -23,7 +23,8 @@ Pausing
 dask un-pauses any paused worker whose RSS is under its pause fraction every 100 ms, so ``PressurePlugin`` owns
 pausing: it switches dask's own pause off on its worker and applies both rules (the pressure level, and RSS at the
 pause fraction of the limit). A pause always ends (``decide.worker_pause_step``): a worker resumes on its own need
-(its memory, and the group's free memory against its next tasks), and after ``MAX_PAUSE_S`` whatever holds it.
+(its memory, and the group's free memory against its next tasks), after ``OWN_PAUSE_GRACE_S`` where only its own
+memory holds it and the group has room, and after ``MAX_PAUSE_S`` whatever holds it.
 
 Admission
 ---------

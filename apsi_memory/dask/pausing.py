@@ -42,11 +42,13 @@ class PressurePlugin(WorkerPlugin):
     ``high`` spill half of what its ``SpillBuffer`` holds in RAM (all of it at ``critical``, via the public
     ``evict()``); at ``critical`` also ``memory.relieve()``. A paused worker resumes
     on its own need (``decide.worker_pause_step``): its RSS 10 points under the pause fraction, and the level under
-    ``level`` again or the group's free memory enough for its next tasks (it then runs through that level); and
-    after ``max_pause`` seconds paused whatever holds it (default: the dask setting ``apsi-memory.max-pause``, else
-    ``decide.MAX_PAUSE_S``; ``float("inf")``: never), with a WARNING naming the signal and what holds the group's
-    memory. Each change is logged with ``worker.log_event`` under the topic ``apsi-pressure``, and each pause and
-    resume as a WARNING (logger ``distributed.apsi_memory``) naming its cause."""
+    ``level`` again or the group's free memory enough for its next tasks (it then runs through that level); held by
+    its own memory alone, after ``decide.OWN_PAUSE_GRACE_S`` where the group has that room (it then runs through
+    its own line); and after ``max_pause`` seconds paused whatever holds it (default: the dask setting
+    ``apsi-memory.max-pause``, else ``decide.MAX_PAUSE_S``; ``float("inf")``: never), with a WARNING naming the
+    signal and what holds the group's memory. Each change is logged with ``worker.log_event`` under the topic
+    ``apsi-pressure``, and each pause and resume as a WARNING (logger ``distributed.apsi_memory``) naming its
+    cause."""
 
     name = "apsi-pressure"
     topic = "apsi-pressure"
@@ -94,8 +96,10 @@ class PressurePlugin(WorkerPlugin):
             self._log("relieve", level, rss)
         if self.paused_here and self.worker.status != Status.paused:  # resumed by someone else: ours no more
             self.paused_here, self.state = False, replace(self.state, paused=False)
-        look = WorkerReading(level, rss, limit, reading.free_bytes, reading.usable_bytes, self._need(limit, rss),
-                             here.clock.now(), reading.cause)
+        threads, chunk = self._tasks(limit)
+        look = WorkerReading(level, rss, limit, reading.free_bytes, reading.usable_bytes,
+                             task_need_bytes(threads, chunk, limit, rss, self.pause), here.clock.now(), reading.cause,
+                             task_need_bytes(threads, chunk, 0, rss))
         step = worker_pause_step(look, self.state, self.level, self.pause, self.max_pause)
         if step.change == "pause":
             if self.worker.status != Status.running:
@@ -116,8 +120,9 @@ class PressurePlugin(WorkerPlugin):
                 logger.warning("apsi_memory: worker %s resumed: %s", self.worker.address, step.why)
         self.state, self.paused_here = step.state, step.state.paused
 
-    def _need(self, limit: int, rss: int) -> int:
-        """What the worker's next tasks need (``decide.task_need_bytes``), from the chunk size dask arrays get."""
+    def _tasks(self, limit: int) -> tuple[int, int]:
+        """The worker's threads and the chunk size dask arrays get: what its next tasks need is made of
+        (``decide.task_need_bytes``)."""
         from dask.utils import parse_bytes
 
         threads = int(getattr(self.worker, "nthreads", 1) or 1)
@@ -125,7 +130,7 @@ class PressurePlugin(WorkerPlugin):
             chunk = int(parse_bytes(dask.config.get("array.chunk-size")))
         except (TypeError, ValueError, KeyError):
             chunk = chunk_bytes(limit, threads) if limit else MIN_CHUNK_BYTES
-        return task_need_bytes(threads, chunk, limit, rss, self.pause)
+        return threads, chunk
 
     def _spill(self, level: Level, rss: int) -> None:
         data = self.worker.data

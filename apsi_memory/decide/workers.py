@@ -172,6 +172,15 @@ RESUME_NEED_FACTOR = 2
 # holds the group's memory. Long enough for spilling (seconds) and for a neighbour's peak to pass; a pause that
 # lasts longer is held by memory the workers cannot free, and waiting on it is a hang.
 MAX_PAUSE_S = 30.0
+# A worker paused on its own memory alone (RSS over its pause fraction, the group under no pressure that pauses it)
+# resumes after this much where its group holds what its next tasks need: dask spills its stored results every
+# 100 ms, so a few seconds spill what can be; what is left (p2p buffers, running tasks' results) no wait frees. Both
+# workers of a 2 GiB p2p rechunk of 128 MiB chunks sat out the longest pause at 80-92 % of their limits with 500 MB
+# free in the group, 3-5x stock's time. The group stays guarded without the worker's own line: the pause on the
+# group's pressure (``high`` unless its need fits, ``critical`` always), each task's admission where ``cluster()``
+# runs it (``task_admitted``: a task starts only where the group holds it) and the nanny at under 5 % free
+# (``nanny_kills``), as for a worker over its share after the longest pause.
+OWN_PAUSE_GRACE_S = 5.0
 
 
 def task_need_bytes(nthreads: int, chunk: int, limit: int, rss: int,
@@ -187,7 +196,9 @@ def task_need_bytes(nthreads: int, chunk: int, limit: int, rss: int,
 class WorkerReading:
     """One look at a dask worker: its group's ``level`` (``signal``: the pressure reading's cause, such as
     ``free ≤ 20 %``), its ``rss`` and ``limit`` (0: none), the group's ``free`` and ``usable`` bytes, what its next
-    tasks ``need`` (``task_need_bytes``) and the time ``now`` (seconds, any monotonic scale)."""
+    tasks ``need`` (``task_need_bytes``) and the time ``now`` (seconds, any monotonic scale); ``past_line_need``:
+    what they need once it runs past its own pause line (``task_need_bytes`` with no limit: ``need`` is capped at
+    what it may grow under that line, nothing for a worker over it), never taken as less than ``need``."""
 
     level: Level
     rss: int
@@ -197,6 +208,7 @@ class WorkerReading:
     need: int
     now: float = 0.0
     signal: str | None = None
+    past_line_need: int | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +252,10 @@ def worker_pause_step(reading: WorkerReading, state: PauseState, pause_level: Le
       still ``pause_level`` or above (never at ``critical``), the group's free memory less ``critical_reserve``
       at least ``RESUME_NEED_FACTOR`` times ``reading.need``. It then runs through that level, pausing again only
       at a worse one, or when the free memory falls under one time its need.
+    * A pause held by its own memory alone resumes after ``OWN_PAUSE_GRACE_S`` where the group's free memory less
+      ``critical_reserve`` holds ``RESUME_NEED_FACTOR`` times ``reading.past_line_need`` (never at ``critical``):
+      the worker then runs through its own line until its RSS is under it again; one held by the group's pressure
+      waits.
     * No pause lasts over ``max_pause_s``: the worker then resumes and runs through the signals it had.
     """
     r, share = reading, (reading.rss / reading.limit if reading.limit else 0.0)
@@ -256,8 +272,15 @@ def worker_pause_step(reading: WorkerReading, state: PauseState, pause_level: Le
         if cause is None:
             return PauseStep(base)
         return PauseStep(replace(base, paused=True, since=r.now, cause=cause), "pause", cause)
-    cause = _own_cause(share, resume_at, "resumes under", resume_at) if not own_through else None
-    cause = cause or group
+    own = _own_cause(share, resume_at, "resumes under", resume_at) if not own_through else None
+    cause = own or group
+    past_line = max(r.need, r.past_line_need or 0)  # room for it is room for ``need``: no group cause holds it
+    if own is not None and r.now - state.since >= OWN_PAUSE_GRACE_S and _room_for(r, past_line):
+        why = (f"{own} after {r.now - state.since:.0f} s paused on it, but the group has room: {fmt_size(r.free)} "
+               f"free for the {fmt_size(past_line)} its next tasks need past its line (resumes at "
+               f"{fmt_size(RESUME_NEED_FACTOR * past_line + critical_reserve(r.usable))}); it runs through its line")
+        let = max(r.level, state.through or r.level) if r.level >= pause_level else None
+        return PauseStep(PauseState(through=let, own_through=True), "resume", why)
     if cause is not None and r.now - state.since >= max_pause_s:
         let = r.level if r.level >= pause_level else None
         return PauseStep(PauseState(through=let, own_through=share >= resume_at, bounded=True), "bounded", cause)
@@ -270,6 +293,11 @@ def worker_pause_step(reading: WorkerReading, state: PauseState, pause_level: Le
     why = (f"{_signal(r)} still, but its own need fits: worker memory {_share_text(share, r.limit)} of its limit, "
            f"{fmt_size(r.free)} free in the group for the {fmt_size(r.need)} its next tasks need")
     return PauseStep(replace(running, through=max(r.level, through or r.level)), "resume", why)
+
+
+def _room_for(r: WorkerReading, need: int) -> bool:
+    """Whether the group's free memory, less the critical reserve, holds ``RESUME_NEED_FACTOR`` times ``need``."""
+    return r.level < Level.CRITICAL and r.free - critical_reserve(r.usable) >= RESUME_NEED_FACTOR * need
 
 
 def _own_cause(share: float, at: float, says: str, fraction: float) -> str | None:
@@ -299,7 +327,7 @@ def _group_cause(r: WorkerReading, state: PauseState, pause_level: Level) -> str
         return (f"{_signal(r)} and {fmt_size(max(0, r.free))} free in the group, under the "
                 f"{fmt_size(factor * r.need + reserve)} it {'resumes' if state.paused else 'runs'} at ({factor} × "
                 f"the {fmt_size(r.need)} its next tasks need, and {fmt_size(reserve)} kept free)")
-    if not state.paused or r.level >= Level.CRITICAL or room < RESUME_NEED_FACTOR * r.need:
+    if not state.paused or not _room_for(r, r.need):
         return _signal(r)  # entering the level pauses first: the pause spills, then its own need is looked at
     return None
 
