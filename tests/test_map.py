@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,11 @@ def test_an_exception_in_fn_names_the_rows_and_stops_the_other_workers(on_ssd: P
             calls.append(int(b[0, 0]))
         if b[0, 0] == 5 * 1000:
             raise KeyError("no such feature")
+        if b[0, 0] > 5 * 1000:
+            # A real fn lets go of the GIL in its NumPy loops. One that never does (a few µs of Python a block)
+            # kept the failing thread waiting for the GIL for Python's 5 ms switch interval, before it could
+            # record the failure, while the other thread started 54 more blocks (CI, py313).
+            time.sleep(0.001)
         return b
 
     x = np.repeat(np.arange(100_000.0)[:, None], 4, axis=1)  # 3.2 MB: the output goes to the SSD
