@@ -18,36 +18,42 @@ class MemInfo(NamedTuple):
     swap_free: int
 
 
-_MEMINFO_FIELDS = ("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapTotal", "SwapFree")
+_MEMINFO_FIELDS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
+_ESTIMATE_FIELDS = ("MemFree", "Buffers", "Cached")  # read only without MemAvailable: the estimate before it
 
 
 def parse_meminfo(text: str, path: str = "/proc/meminfo") -> MemInfo:
-    """The fields this library uses, found where the kernel writes them (``Name:`` at the start of a line); where
-    one is not found so (an old kernel, odd spacing) every line is looked at."""
+    """The fields this library uses (every placement takes a reading: the three of the estimate only where the
+    kernel has no MemAvailable)."""
+    fields = _meminfo_fields(text, _MEMINFO_FIELDS, path)
+    if "MemTotal" not in fields:
+        raise CorruptFileError(path, "no MemTotal line")
+    total, available = fields["MemTotal"], fields.get("MemAvailable")
+    if available is None:  # MemAvailable arrived in Linux 3.14; before it, free + reclaimable page cache
+        available = sum(_meminfo_fields(text, _ESTIMATE_FIELDS, path).values())
+    return MemInfo(total, min(total, available), fields.get("SwapTotal", 0), fields.get("SwapFree", 0))
+
+
+def _meminfo_fields(text: str, names: tuple[str, ...], path: str) -> dict[str, int]:
+    """``names``' values, found where the kernel writes them (``Name:`` at the start of a line); where one is not
+    found so (an old kernel, odd spacing) every line is looked at. A name with nothing after its colon is absent."""
     lines, rests = "\n" + text, {}
-    for name in _MEMINFO_FIELDS:
+    for name in names:
         start = lines.rfind(f"\n{name}:")
         if start < 0:
-            rests = _meminfo_rests(text)
+            rests = _meminfo_rests(text, names)
             break
         end = lines.find("\n", start + 1)
         rests[name] = lines[start + len(name) + 2:end if end >= 0 else len(lines)]
-    fields = {name: value for name, rest in rests.items() if (value := _meminfo_value(name, rest, path)) is not None}
-    if "MemTotal" not in fields:
-        raise CorruptFileError(path, "no MemTotal line")
-    total = fields["MemTotal"]
-    # MemAvailable arrived in Linux 3.14; before it, free + reclaimable page cache is the usual estimate.
-    estimate = fields.get("MemFree", 0) + fields.get("Buffers", 0) + fields.get("Cached", 0)
-    available = min(total, fields.get("MemAvailable", estimate))
-    return MemInfo(total, available, fields.get("SwapTotal", 0), fields.get("SwapFree", 0))
+    return {name: value for name, rest in rests.items() if (value := _meminfo_value(name, rest, path)) is not None}
 
 
-def _meminfo_rests(text: str) -> dict[str, str]:
-    """What follows the colon on each line of a field this library uses (the last line of a name wins)."""
+def _meminfo_rests(text: str, names: tuple[str, ...]) -> dict[str, str]:
+    """What follows the colon on each line of one of ``names`` (the last line of a name wins)."""
     rests = {}
     for line in text.splitlines():
         name, sep, rest = line.partition(":")
-        if sep and name.strip() in _MEMINFO_FIELDS:
+        if sep and name.strip() in names:
             rests[name.strip()] = rest
     return rests
 

@@ -27,6 +27,12 @@ class Psi(NamedTuple):
 def parse_psi(text: str, path: str = SYSTEM_PSI, host_wide: bool = False) -> Psi:
     """``some avg10=0.12 avg60=... total=...`` and ``full ...`` lines; other lines (a later kernel may add some) are
     skipped. A ``some``/``full`` line without a numeric avg10, or no ``some`` line, is a ``CorruptFileError``."""
+    some, full = _as_the_kernel_writes(text) or _by_lines(text, path)
+    return Psi(some, full, path, host_wide)
+
+
+def _by_lines(text: str, path: str) -> tuple[float, float | None]:
+    """``parse_psi``'s ``some`` and ``full``, every line split into words."""
     shares: dict[str, float] = {}
     for line in text.splitlines():
         words = line.split()
@@ -39,7 +45,27 @@ def parse_psi(text: str, path: str = SYSTEM_PSI, host_wide: bool = False) -> Psi
             raise CorruptFileError(path, f"line {line!r} has no numeric avg10") from None
     if "some" not in shares:
         raise CorruptFileError(path, "no 'some' line")
-    return Psi(shares["some"], shares.get("full"), path, host_wide)
+    return shares["some"], shares.get("full")
+
+
+def _as_the_kernel_writes(text: str) -> tuple[float, float | None] | None:
+    """``some`` and ``full`` avg10 where ``text`` is the kernel's ``some avg10=...`` line and maybe a ``full``
+    one, each with one avg10, read without splitting every word (every placement reads PSI); None for any other
+    text, which ``_by_lines`` reads."""
+    lines = text.splitlines()
+    if not 1 <= len(lines) <= 2 or not lines[0].startswith("some avg10=") or (
+            len(lines) == 2 and not lines[1].startswith("full avg10=")):
+        return None
+    values = []
+    for line in lines:
+        value = line[11:].partition(" ")[0]
+        if line.count("avg10=") != 1 or value.split() != [value]:
+            return None
+        try:
+            values.append(float(value))
+        except ValueError:
+            return None
+    return values[0], values[1] if len(values) == 2 else None
 
 
 def read_psi(source: KernelFiles, layout: Layout) -> Psi | None:
