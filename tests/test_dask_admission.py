@@ -26,6 +26,7 @@ pytest.importorskip("dask.array", reason="apsi_memory.dask needs the dask extra:
 from apsi_memory import dask as amd
 from apsi_memory import decide
 from apsi_memory.dask.admission import TOPIC, TaskLedger, folder_name, note_chunk, read_chunk, shared_folder
+from apsi_memory.machinery.slots import outstanding
 from sim import tree as machines
 from sim.tree import GiB, MiB
 from tests.load import stretched
@@ -62,7 +63,7 @@ def test_a_task_needs_three_of_its_clusters_largest_chunk_or_twice_its_inputs(ch
                                                                               grown: int) -> None:
     need = decide.task_start_need(chunk, inputs)
     assert need == max(decide.CHUNKS_PER_TASK * chunk, 2 * inputs)
-    assert 0 <= decide.still_to_grow(need, grown) <= need  # a worker that shrank still owes its whole need
+    assert 0 <= outstanding(need, GiB, GiB + grown) <= need  # a worker that shrank still owes its whole need
 
 
 # -- the ledger of running tasks -------------------------------------------------------------------------------------

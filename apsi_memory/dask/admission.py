@@ -36,12 +36,12 @@ from typing import Any
 from distributed import Worker
 from distributed.core import Status
 
-from ..decide import still_to_grow, task_admitted, task_needs_admission, task_start_need
+from ..decide import task_admitted, task_needs_admission, task_start_need
 from ..errors import ArgumentError
 from ..machinery.ledger_folders import candidate_dirs
 from ..machinery.machines import machine
 from ..machinery.reservations import group_key
-from ..machinery.slots import Statm
+from ..machinery.slots import Statm, outstanding
 from ..system import trust
 from ..units import fmt_size
 from .settings import max_pause_s
@@ -114,8 +114,8 @@ class TaskLedger:
         with _locked(self.folder / LOCK):
             running = self.running()
             limits = machine().limits()
-            outstanding = _outstanding(running, self._rss)
-            if not task_admitted(need, limits.free_bytes, limits.usable_bytes, len(running), outstanding):
+            still_to_take = _outstanding(running, self._rss)
+            if not task_admitted(need, limits.free_bytes, limits.usable_bytes, len(running), still_to_take):
                 return None
             return self._hold(need)
 
@@ -166,7 +166,7 @@ def _outstanding(running: list[tuple[int, int, int]], rss_of: Callable[[int], in
     for pid, need, rss in running:
         needs[pid] += need
         start[pid] = min(start.get(pid, rss), rss)
-    return sum(still_to_grow(need, rss_of(pid) - start[pid]) for pid, need in needs.items())
+    return sum(outstanding(need, start[pid], rss_of(pid)) for pid, need in needs.items())
 
 
 

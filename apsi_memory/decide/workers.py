@@ -432,11 +432,6 @@ def task_needs_admission(need: int) -> bool:
     return need > MIN_CHUNK_BYTES
 
 
-def still_to_grow(need: int, grown: int) -> int:
-    """What running tasks that need ``need`` bytes in all will still take, their worker having grown by ``grown``."""
-    return max(0, need - max(0, grown))
-
-
 def task_admitted(need: int, free: int, usable: int, running: int, outstanding: int) -> bool:
     """Whether a task of a cluster's worker that will grow it by ``need`` bytes starts now: where none of the
     cluster's tasks runs in the group (``running`` 0: the work always goes on, one task at a time at worst), or
