@@ -222,13 +222,14 @@ class MemoryCluster(LocalCluster):
 
     def scale(self, n: int = 0, memory: str | int | None = None, cores: int | None = None) -> Any:
         # dask's own rules for memory= (against today's share) and cores=, applied here so that they share too
-        if memory is not None:
-            n = max(n, math.ceil(parse_bytes(memory) / self._memory_per_worker()))
+        asked = None if memory is None else parse_bytes(memory)
+        if asked is not None:
+            n = max(n, math.ceil(asked / self._memory_per_worker()))
         if cores is not None:
             n = max(n, math.ceil(cores / self._threads_per_worker()))
         if n >= 1 and not self.fixed_limit:
             limit = self.share_between(n)
-            if memory is not None and parse_bytes(memory) > n * limit:
+            if asked is not None and asked > n * limit:
                 logger.warning("apsi_memory: scale(memory=%r): more workers do not add memory to a group; its %d "
                                "workers share %s (%s each)", memory, n, fmt_size(n * limit), fmt_size(limit))
         return super().scale(n)
