@@ -300,6 +300,7 @@ def _settings_on(dask_worker: Any) -> dict[str, Any]:
     return {"array.chunk-size": dask.config.get("array.chunk-size"),
             "distributed.p2p.comm.buffer": shuffle.memory_limiter_comms.limit,
             "distributed.p2p.storage.buffer": shuffle.memory_limiter_disk.limit,
+            "distributed.p2p.comm.message-bytes-limit": dask.config.get("distributed.p2p.comm.message-bytes-limit"),
             "array.rechunk.method": dask.config.get("array.rechunk.method")}
 
 

@@ -32,6 +32,7 @@ from ..machinery.machines import machine
 from ..machinery.watcher import relieve
 from .holders import group_holders
 from .settings import max_pause_s, memory_lines
+from .shards import release_sent_shards
 
 logger = logging.getLogger("distributed.apsi_memory")  # the same logger as the package's (its docstring: why)
 
@@ -71,6 +72,7 @@ class PressurePlugin(WorkerPlugin):
         own = copy.copy(self)
         own.worker, worker.plugins[self.name] = worker, own
         worker.memory_manager.memory_pause_fraction = False  # we pause: dask's rule would un-pause
+        release_sent_shards()  # sent p2p shards held outside the spillable data: this pause could not end
         callback = PeriodicCallback(own.check, self.every * 1000)
         worker.periodic_callbacks[self.name] = callback
         callback.start()

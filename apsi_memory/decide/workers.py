@@ -353,6 +353,12 @@ P2P_BUFFER_SHARE = 0.10
 # Under this worker limit a rechunk goes through tasks: p2p's fixed cost (10 concurrent 2 MiB messages, its own
 # threads, two buffers) leaves too little of a small worker; tasks of ``chunk_bytes`` chunks are spilled as usual.
 P2P_MIN_WORKER_BYTES = 512 * (1 << 20)
+# p2p's ``distributed.p2p.comm.message-bytes-limit`` (2 MiB): none. A sender filling a message up to it keeps the
+# last shard it took till its next message, and a shard over it goes whole anyway (10.7 MiB of a 128 MiB chunk); so
+# each of 10 senders kept one, 256 MiB a worker in a 1 GiB p2p rechunk (``apsi_memory.dask.shards``). With none a
+# sender takes a worker's shards in one list, which the library empties once sent; the comm buffer
+# (``P2P_BUFFER_SHARE``) still bounds what waits to be sent.
+P2P_MESSAGE_BYTES = 0
 
 
 def nanny_limit_now(rss_bytes: int, current: int, wanted: int, spill: float = DASK_SPILL_FRACTION) -> int:
@@ -376,11 +382,13 @@ def nanny_kills(rss_bytes: int, limit_bytes: int, terminate: float, free_bytes: 
 
 def dask_settings(limit_bytes: int, nthreads: int = 1, lines: WorkerLines | None = None) -> dict[str, int | str]:
     """The ``dask.config`` values a worker limit implies: array chunk size (``chunk_bytes``, between the spill
-    target and the pause of ``lines``, dask's defaults if None), the two p2p buffers and the rechunk method."""
+    target and the pause of ``lines``, dask's defaults if None), the two p2p buffers, p2p's message limit and the
+    rechunk method."""
     buffer = max(MIN_CHUNK_BYTES, int(limit_bytes * P2P_BUFFER_SHARE))
     lines = lines or WorkerLines(DASK_SPILL_TARGET, DASK_PAUSE_FRACTION)
     return {"array.chunk-size": chunk_bytes(limit_bytes, nthreads, lines.target, lines.pause),
             "distributed.p2p.comm.buffer": buffer, "distributed.p2p.storage.buffer": buffer,
+            "distributed.p2p.comm.message-bytes-limit": P2P_MESSAGE_BYTES,
             "array.rechunk.method": "p2p" if limit_bytes >= P2P_MIN_WORKER_BYTES else "tasks"}
 
 
