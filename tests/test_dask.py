@@ -293,6 +293,26 @@ def test_preload_nanny_sets_the_limit_before_the_workers_register() -> None:
         assert [(m.callback.func, m.is_running()) for m in monitors] == [(group_check, True)] * 2
 
 
+def test_preload_nanny_gives_its_workers_the_p2p_settings_of_their_limit() -> None:
+    """The preload's workers kept dask's p2p settings: a 1 GiB comm buffer in a small worker, and the 2 MiB message
+    limit under which each sender kept the last shard it sent. A nanny takes the config it hands its workers before
+    its preload runs; the preload now sets theirs, and a value the user set is kept."""
+    import dask
+    from distributed import LocalCluster
+
+    before = {key: dask.config.get(key) for key in decide.dask_settings(1 << 30)}
+    with dask.config.set({"distributed.p2p.storage.buffer": "7MiB"}), LocalCluster(
+            n_workers=1, threads_per_worker=1, dashboard_address=":0", preload_nanny=["apsi_memory.dask"]) as stock, \
+            stock.get_client() as c:
+        (limit,) = registered_limits(c)
+        (on,) = c.run(_settings_on).values()
+    wanted = decide.dask_settings(limit)
+    assert on["distributed.p2p.comm.buffer"] == wanted["distributed.p2p.comm.buffer"]
+    assert on["distributed.p2p.comm.message-bytes-limit"] == decide.P2P_MESSAGE_BYTES
+    assert on["distributed.p2p.storage.buffer"] == 7 << 20  # the user's
+    assert {key: dask.config.get(key) for key in before} == before  # the nanny's process: its own, untouched
+
+
 def _settings_on(dask_worker: Any) -> dict[str, Any]:
     import dask
 

@@ -73,3 +73,10 @@ def test_cluster_workers_hold_no_p2p_shard_they_have_sent() -> None:
     """The release reaches cluster()'s worker processes, with its settings."""
     with amd.cluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as made, made.get_client() as c:
         assert list(c.run(sent_shards_still_held).values()) == [0]  # run on the worker's event loop
+
+
+def test_a_dask_without_p2p_buffers_still_sets_its_workers_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "distributed.shuffle._buffer", None)  # its import raises ImportError
+    assert release_sent_shards() is False

@@ -76,7 +76,7 @@ from .admission import killed_first, note_chunk, preload_admission
 from .chunks import largest_chunk, name_big_chunks, watch_submissions
 from .nanny import GroupNanny, kill_when_group_full, worker_rss
 from .pausing import PressurePlugin
-from .settings import CHUNK_SETTING, follow_limit, max_pause_s, memory_lines, restore, settings_now
+from .settings import CHUNK_SETTING, follow_limit, max_pause_s, memory_lines, restore, settings_now, worker_side
 from .tasks import map_on_cluster, to_dask
 
 __all__ = ["MemoryCluster", "MemoryLimitPlugin", "PressurePlugin", "chunk_bytes", "cluster", "dask_setup",
@@ -415,6 +415,10 @@ def _setup_nanny(nanny: Any) -> None:
     limit = _chosen_limit(nanny.memory_manager.memory_limit, nanny.nthreads, _nannies_here(nanny),
                           scheduler_here=bool(_schedulers_here()))
     _set_nanny_limit(nanny, limit)
+    # The nanny took its config, which it hands to its workers, before its preload ran: p2p's settings go there,
+    # into a deep copy (the nanny's is a shallow one, whose sections are this process's own).
+    nanny.config = dask.config.merge(nanny.config)
+    dask.config.set(worker_side(limit, nanny.nthreads), config=nanny.config)
     kill_when_group_full(nanny)
     preload_admission(nanny)
     nanny.worker_kwargs["plugins"] = (*nanny.worker_kwargs.get("plugins", ()), PressurePlugin())

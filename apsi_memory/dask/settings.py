@@ -19,6 +19,7 @@ from ..units import fmt_size
 MAX_PAUSE_SETTING = "apsi-memory.max-pause"
 CHUNK_SETTING = "array.chunk-size"
 MEMORY_PREFIX = "distributed.worker.memory."
+P2P_PREFIX = "distributed.p2p."
 logger = logging.getLogger("distributed.apsi_memory")  # as in __init__: dask's logging setup shows it
 _warned: set[str] = set()  # the notes this process has logged: each once, not once per worker or per scale
 
@@ -104,15 +105,26 @@ def follow_limit(limit: int, nthreads: int) -> dict[str, int | str]:
     """Set (in this process's ``dask.config``, which nannies hand to the workers they start) and return
     ``decide.dask_settings`` for ``limit``, less the keys the caller set to other than dask's defaults (by
     ``dask.config.set``, a YAML file or a ``DASK_*`` variable): theirs win."""
-    defaults, given = dask_defaults(), given_outside()
-    advised = dask_settings(limit, nthreads, memory_lines())
-    settings = {key: value for key, value in advised.items() if _ours_to_set(key, defaults, given)}
+    advised, settings = _advised(limit, nthreads)
     if CHUNK_SETTING not in settings:
         note_kept_chunk(int(advised[CHUNK_SETTING]), limit)
     dask.config.set(settings)
     _settings_made.update(settings)
     logger.info("apsi_memory: dask settings for a %s worker: %s", fmt_size(limit), settings)
     return settings
+
+
+def worker_side(limit: int, nthreads: int) -> dict[str, int | str]:
+    """``follow_limit``'s settings that a worker reads itself (p2p's buffers and message limit), for a nanny whose
+    workers take its own config: the preload's (the chunk size and rechunk method are the client's)."""
+    return {key: value for key, value in _advised(limit, nthreads)[1].items() if key.startswith(P2P_PREFIX)}
+
+
+def _advised(limit: int, nthreads: int) -> tuple[dict[str, int | str], dict[str, int | str]]:
+    """``decide.dask_settings`` for ``limit``, and those of them ours to set."""
+    defaults, given = dask_defaults(), given_outside()
+    advised = dask_settings(limit, nthreads, memory_lines())
+    return advised, {key: value for key, value in advised.items() if _ours_to_set(key, defaults, given)}
 
 
 def _ours_to_set(key: str, defaults: dict[str, Any], given: dict[str, Any]) -> bool:

@@ -21,8 +21,12 @@ RELEASES = "_apsi_memory_releases"  # marks the wrapped method: the release is m
 
 def release_sent_shards() -> bool:
     """Make every p2p buffer of this process empty each batch once its ``process`` (send or write) returns; True
-    where done now, False where done before (a worker process gets it from each plugin set up in it)."""
-    from distributed.shuffle._buffer import ShardsBuffer
+    where done now, False where done before (a worker process gets it from each plugin set up in it) or where this
+    dask has no such buffer (a private module: a later dask may move it, and its workers must still start)."""
+    try:
+        from distributed.shuffle._buffer import ShardsBuffer
+    except ImportError:
+        return False
 
     process = ShardsBuffer.process
     if getattr(process, RELEASES, False):
