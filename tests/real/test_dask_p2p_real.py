@@ -2,9 +2,9 @@
 
 A 1.5 GiB square array of row chunks (128 MiB each), rechunked to column chunks by p2p and summed: the
 ``rechunk-p2p`` workload of ``benchmarks.dask_matrix`` in its ``default`` chunk mode, its files under the test's
-own folder. Each worker held 256 MiB of
-shards it had already sent (``apsi_memory.dask.shards``), paused with nothing to spill and was killed by its nanny:
-6 restarts and the time limit, where the cell must finish with no OOM kill and no restart.
+own folder. Each worker held 256 MiB of shards it had already sent (``apsi_memory.dask.shards``), paused with nothing
+to spill and was killed by its nanny: 6 restarts and the time limit, where the cell must finish with no OOM kill and
+no restart.
 """
 
 from __future__ import annotations
