@@ -211,6 +211,13 @@ def parse_stat_start_time(text: str) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def parse_stat_parent(text: str) -> int | None:
+    """Field 4 of ``/proc/<pid>/stat``: the parent's pid (``None`` if the line is cut short or odd), counted as
+    ``parse_stat_start_time`` counts."""
+    fields = text.rpartition(")")[2].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
 def read_start_time(pid: int, root: str | None = None) -> str | None:
     """When process ``pid`` started, or ``None`` when no such process runs (or the root shows no processes)."""
     text = read_text(resolve(root), f"/proc/{pid}/stat")

@@ -36,6 +36,7 @@ from typing import Any
 from distributed import Worker
 from distributed.core import Status
 
+from ..adapters.procfs import parse_stat_parent
 from ..decide import task_admitted, task_needs_admission, task_start_need
 from ..errors import ArgumentError
 from ..machinery.ledger_folders import candidate_dirs
@@ -232,6 +233,31 @@ def killed_first() -> None:
         Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
     except OSError as exc:  # no /proc (not Linux): the kernel's own choice stays
         logger.info("apsi_memory: worker %d left to the kernel's choice where its group is full: %s", os.getpid(), exc)
+
+
+def child_killed_first(pid: int) -> bool:
+    """``killed_first`` for ``pid``, a child of this process: a nanny's new worker, which sets its own score only
+    once dask is imported, about a second after it starts (a group full in that second had the kernel kill the
+    process beside the cluster). Written through a descriptor of the child's ``/proc`` folder, checked to be this
+    process's child: a pid the kernel has given to another process since is never written. True where done."""
+    try:
+        folder = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        with open(os.open("stat", os.O_RDONLY, dir_fd=folder), encoding="utf-8", errors="replace") as stat:
+            if parse_stat_parent(stat.read()) != os.getpid():
+                return False
+        score = os.open("oom_score_adj", os.O_WRONLY, dir_fd=folder)
+        try:
+            os.write(score, str(OOM_SCORE_ADJ).encode())
+        finally:
+            os.close(score)
+        return True
+    except OSError:  # gone meanwhile (its folder's files fail once the process has ended)
+        return False
+    finally:
+        os.close(folder)
 
 
 def preload_admission(nanny: Any) -> None:

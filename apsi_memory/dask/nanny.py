@@ -12,9 +12,10 @@ from distributed import Nanny
 
 from ..decide import nanny_kills
 from ..machinery.machines import machine
-from .admission import AdmittedWorker
+from .admission import AdmittedWorker, child_killed_first
 
 MONITOR = "memory_monitor"  # dask's name for the nanny's periodic check
+SCORED = "_apsi_scored_pid"  # the nanny's worker process whose OOM score the check has set
 # The workers this process's nannies killed for a full group, until they have gone: the group's reading still
 # counts their memory, and the other nannies killed theirs too (three of four workers in the same 100 ms, where
 # one worker's memory was enough).
@@ -49,7 +50,12 @@ def kill_when_group_full(nanny: Any) -> None:
 def group_check(nanny: Any) -> None:
     """dask's check, which kills its worker over the terminate line, run only where ``decide.nanny_kills`` says so
     and no worker another nanny here killed is still going; the group is read only when the worker is over that
-    line."""
+    line. A worker it has not seen before is first made the kernel's first choice (``child_killed_first``)."""
+    process = getattr(nanny.process, "process", None)
+    pid = getattr(process, "pid", None)
+    if pid and pid != getattr(nanny, SCORED, None):
+        setattr(nanny, SCORED, pid)
+        child_killed_first(pid)
     manager = nanny.memory_manager
     terminate = manager.memory_terminate_fraction
     rss = worker_rss(nanny)
