@@ -100,3 +100,5 @@ def test_a_process_start_time_is_field_22_counted_after_the_command_name() -> No
     fields = " ".join(str(n) for n in range(3, 53))  # fields 3..52; field 22 holds "22"
     assert procfs.parse_stat_start_time(f"4242 (a (weird) name) {fields}\n") == "22"
     assert procfs.parse_stat_start_time("4242 (cut) S 1 2") is None
+    assert procfs.parse_stat_parent(f"4242 (a (weird) name) {fields}\n") == 4  # field 4, counted the same way
+    assert procfs.parse_stat_parent("4242 (cut) S") is None

@@ -205,17 +205,21 @@ def read_proc_status(root: str | None = None) -> ProcStatus | None:
 
 def parse_stat_start_time(text: str) -> str | None:
     """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks after boot (``None`` if the line
-    is cut short). The command name (field 2) may hold spaces and parentheses: fields are counted after its
-    closing one."""
-    fields = text.rpartition(")")[2].split()
+    is cut short)."""
+    fields = _after_command(text)
     return fields[19] if len(fields) > 19 else None
 
 
 def parse_stat_parent(text: str) -> int | None:
-    """Field 4 of ``/proc/<pid>/stat``: the parent's pid (``None`` if the line is cut short or odd), counted as
-    ``parse_stat_start_time`` counts."""
-    fields = text.rpartition(")")[2].split()
+    """Field 4 of ``/proc/<pid>/stat``: the parent's pid (``None`` if the line is cut short or odd)."""
+    fields = _after_command(text)
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _after_command(text: str) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` line from field 3 on. The command name (field 2) may hold spaces and
+    parentheses: fields are counted after its closing one."""
+    return text.rpartition(")")[2].split()
 
 
 def read_start_time(pid: int, root: str | None = None) -> str | None:

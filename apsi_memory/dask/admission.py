@@ -170,7 +170,6 @@ def _outstanding(running: list[tuple[int, int, int]], rss_of: Callable[[int], in
     return sum(outstanding(need, start[pid], rss_of(pid)) for pid, need in needs.items())
 
 
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
